@@ -1,0 +1,207 @@
+//! `insitu`: near-data analytics over computational storage devices.
+
+mod bench;
+mod demo;
+mod output;
+mod session;
+mod tpch_queries;
+mod units;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use insitu_link::LinkProfile;
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "insitu",
+    version,
+    about = "Near-data analytics: SQL whose data-reducing work runs on the storage devices"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Generate benchmark data onto devices.
+    Gen {
+        #[command(subcommand)]
+        what: GenWhat,
+    },
+    /// Load Parquet or CSV files into a table spread over the devices.
+    Load(LoadArgs),
+    /// Run SQL (interactive prompt when no query is given).
+    Sql(SqlArgs),
+    /// Build TPC-H SF1 on 4 devices (once) and compare pushdown with pull.
+    Demo(DemoArgs),
+    /// Benchmarks.
+    Bench {
+        #[command(subcommand)]
+        what: BenchWhat,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+enum GenWhat {
+    /// All 8 TPC-H tables, generated in-process (dbgen-compatible).
+    Tpch(GenTpchArgs),
+}
+
+#[derive(Subcommand, Debug)]
+enum BenchWhat {
+    /// TPC-H queries with pushdown on and off; writes JSON and Markdown.
+    Tpch(bench::BenchArgs),
+}
+
+/// Where the devices are and what budget each gets.
+#[derive(Args, Debug, Clone)]
+pub struct DeviceArgs {
+    /// Data root holding the device directories dev0, dev1, ...
+    #[arg(long, env = "INSITU_ROOT", default_value_os_t = session::default_root())]
+    pub root: PathBuf,
+    /// Memory budget per device (mem_bytes_max), e.g. 4GiB.
+    #[arg(long, default_value = "4GiB", value_parser = units::parse_bytes)]
+    pub mem: usize,
+    /// Worker threads per device.
+    #[arg(long, default_value_t = 2)]
+    pub threads: usize,
+}
+
+#[derive(Args, Debug)]
+struct GenTpchArgs {
+    /// Scale factor (1 = 6M lineitem rows).
+    #[arg(long, default_value_t = 1.0)]
+    sf: f64,
+    /// Number of devices to spread the tables over.
+    #[arg(long, default_value_t = 4)]
+    devices: u32,
+    /// Partitions per device for every table but nation and region.
+    #[arg(long, default_value_t = 1)]
+    partitions_per_device: u32,
+    /// Overwrite tables that already exist.
+    #[arg(long)]
+    replace: bool,
+    #[command(flatten)]
+    device: DeviceArgs,
+}
+
+#[derive(Args, Debug)]
+struct LoadArgs {
+    /// Name of the table to create.
+    #[arg(long)]
+    table: String,
+    /// Number of devices (creates the root if needed).
+    #[arg(long, default_value_t = 4)]
+    devices: u32,
+    /// Overwrite the table if it exists.
+    #[arg(long)]
+    replace: bool,
+    #[command(flatten)]
+    device: DeviceArgs,
+    /// Parquet (.parquet) or CSV with header (.csv) files.
+    #[arg(required = true)]
+    files: Vec<PathBuf>,
+}
+
+#[derive(Copy, Clone, Debug, PartialEq, Eq, ValueEnum)]
+pub enum OnOff {
+    On,
+    Off,
+}
+
+#[derive(Copy, Clone, Debug, PartialEq, Eq, ValueEnum)]
+pub enum Format {
+    Table,
+    Csv,
+    Json,
+}
+
+#[derive(Args, Debug)]
+struct SqlArgs {
+    /// The query; omit for an interactive prompt.
+    query: Option<String>,
+    /// Link between host and each device: unlimited, pcie3x4, 10gbe, sata3, 1gbe, or bytes/s.
+    #[arg(long, default_value = "unlimited")]
+    link: LinkProfile,
+    /// Run the data-reducing work on the devices (on) or on the host (off).
+    #[arg(long, value_enum, default_value_t = OnOff::On)]
+    pushdown: OnOff,
+    /// Output format of results.
+    #[arg(long, value_enum, default_value_t = Format::Table)]
+    format: Format,
+    #[command(flatten)]
+    device: DeviceArgs,
+}
+
+#[derive(Args, Debug)]
+pub struct DemoArgs {
+    #[arg(long, default_value_os_t = session::default_demo_root())]
+    pub root: PathBuf,
+    /// Link for the comparison.
+    #[arg(long, default_value = "10gbe")]
+    pub link: LinkProfile,
+    /// Scale factor of the demo data.
+    #[arg(long, default_value_t = 1.0)]
+    pub sf: f64,
+    #[arg(long, default_value_t = 4)]
+    pub devices: u32,
+}
+
+fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("INSITU_LOG")
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let cli = Cli::parse();
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("error: cannot start runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let result = runtime.block_on(run(cli));
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(cli: Cli) -> Result<(), String> {
+    match cli.command {
+        Command::Gen {
+            what: GenWhat::Tpch(a),
+        } => session::gen_tpch(
+            &a.device,
+            a.sf,
+            a.devices,
+            a.partitions_per_device,
+            a.replace,
+        ),
+        Command::Load(a) => session::load(&a.device, &a.table, a.devices, a.replace, &a.files),
+        Command::Sql(a) => {
+            let pushdown = a.pushdown == OnOff::On;
+            let host = session::open_host(&a.device, a.link, pushdown).await?;
+            match a.query {
+                Some(q) => session::run_and_print(&host, &q, a.format).await,
+                None => session::repl(&host, a.format).await,
+            }
+        }
+        Command::Demo(a) => demo::run(a).await,
+        Command::Bench {
+            what: BenchWhat::Tpch(a),
+        } => bench::run(a).await,
+    }
+}

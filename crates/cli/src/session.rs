@@ -1,0 +1,218 @@
+//! Opening a data root as a SQL session, and the commands that write data.
+
+use std::io::{BufRead, Write};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use indicatif::{ProgressBar, ProgressStyle};
+use insitu_device::root::{create_root, open_root, DeviceBudget};
+use insitu_device::Device;
+use insitu_host::{embedded_clients, HostConfig, InsituHost, Pushdown, QueryStats};
+use insitu_ingest::{gen_tpch as ingest_tpch, load_files, LoadOptions, TpchOptions, TPCH_TABLES};
+use insitu_link::LinkProfile;
+
+use crate::output::print_batches;
+use crate::units::human_bytes;
+use crate::{DeviceArgs, Format};
+
+fn data_home() -> PathBuf {
+    std::env::var_os("XDG_DATA_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".local/share")))
+        .unwrap_or_else(|| PathBuf::from("."))
+        .join("insitu")
+}
+
+pub fn default_root() -> PathBuf {
+    data_home().join("default")
+}
+
+pub fn default_demo_root() -> PathBuf {
+    data_home().join("demo-tpch-sf1-4dev")
+}
+
+pub fn budget(args: &DeviceArgs) -> DeviceBudget {
+    DeviceBudget {
+        mem_bytes_max: args.mem,
+        threads: args.threads.max(1),
+    }
+}
+
+fn progress_bar(total: u64, what: &str) -> ProgressBar {
+    let bar = ProgressBar::new(total);
+    bar.set_style(
+        ProgressStyle::with_template("{msg:>10} [{elapsed_precise}] {wide_bar} {human_pos}/{human_len} rows ({per_sec}, eta {eta})")
+            .expect("progress template"),
+    );
+    bar.set_message(what.to_string());
+    bar
+}
+
+/// Generates TPC-H onto the root, with a progress bar per table.
+pub fn gen_tpch_into(
+    root: &Path,
+    budget: &DeviceBudget,
+    sf: f64,
+    devices: u32,
+    per_device: u32,
+    replace: bool,
+) -> Result<Vec<Arc<Device>>, String> {
+    let devs = create_root(root, devices, budget).map_err(|e| e.to_string())?;
+    let options = TpchOptions {
+        scale_factor: sf,
+        partitions_per_device: per_device,
+        replace,
+        ..Default::default()
+    };
+    for table in TPCH_TABLES {
+        let bar = progress_bar(insitu_ingest::tpch_expected_rows(table, sf), table);
+        let tick = |n: u64| bar.inc(n);
+        ingest_tpch(&devs, &[table], &options, &tick).map_err(|e| e.to_string())?;
+        bar.finish();
+    }
+    Ok(devs)
+}
+
+pub fn gen_tpch(
+    args: &DeviceArgs,
+    sf: f64,
+    devices: u32,
+    per_device: u32,
+    replace: bool,
+) -> Result<(), String> {
+    gen_tpch_into(&args.root, &budget(args), sf, devices, per_device, replace)?;
+    eprintln!(
+        "TPC-H SF {sf} on {devices} devices under {}",
+        args.root.display()
+    );
+    Ok(())
+}
+
+pub fn load(
+    args: &DeviceArgs,
+    table: &str,
+    devices: u32,
+    replace: bool,
+    files: &[PathBuf],
+) -> Result<(), String> {
+    let devs = create_root(&args.root, devices, &budget(args)).map_err(|e| e.to_string())?;
+    let bar = ProgressBar::new_spinner();
+    bar.set_style(
+        ProgressStyle::with_template("{spinner} {human_pos} rows loaded ({per_sec})")
+            .expect("template"),
+    );
+    let tick = |n: u64| bar.inc(n);
+    load_files(
+        &devs,
+        table,
+        files,
+        &LoadOptions {
+            replace,
+            ..Default::default()
+        },
+        &tick,
+    )
+    .map_err(|e| e.to_string())?;
+    bar.finish();
+    eprintln!(
+        "loaded {} rows into {table} on {devices} devices",
+        bar.position()
+    );
+    Ok(())
+}
+
+/// Opens the root's devices behind links of `profile` and starts a host.
+pub async fn open_host(
+    args: &DeviceArgs,
+    profile: LinkProfile,
+    pushdown: bool,
+) -> Result<InsituHost, String> {
+    let devices = open_root(&args.root, &budget(args)).map_err(|e| e.to_string())?;
+    host_over(devices, profile, pushdown).await
+}
+
+pub async fn host_over(
+    devices: Vec<Arc<Device>>,
+    profile: LinkProfile,
+    pushdown: bool,
+) -> Result<InsituHost, String> {
+    let config = HostConfig {
+        pushdown: if pushdown {
+            Pushdown::On
+        } else {
+            Pushdown::Off
+        },
+        ..Default::default()
+    };
+    InsituHost::new(embedded_clients(devices, profile), config)
+        .await
+        .map_err(|e| e.to_string())
+}
+
+pub fn stats_footer(stats: &QueryStats, host: &InsituHost) -> String {
+    let link = host
+        .clients()
+        .first()
+        .map(|c| c.link().profile())
+        .unwrap_or(LinkProfile::UNLIMITED);
+    let mode = match host.config().pushdown {
+        Pushdown::On => "pushdown on",
+        Pushdown::Off => "pushdown off",
+    };
+    format!(
+        "{} rows in {:.3} s ({mode}, link {link}) | devices read {} rows, {} | link: {} to devices, {} to host",
+        stats.result_rows,
+        stats.wall_secs,
+        stats.device_rows_read,
+        human_bytes(stats.device_bytes_read),
+        human_bytes(stats.link_bytes_to_device),
+        human_bytes(stats.link_bytes_to_host),
+    )
+}
+
+pub async fn run_and_print(host: &InsituHost, sql: &str, format: Format) -> Result<(), String> {
+    let outcome = host.sql(sql).await.map_err(|e| e.to_string())?;
+    print_batches(&outcome.schema, &outcome.batches, format)?;
+    eprintln!("{}", stats_footer(&outcome.stats, host));
+    Ok(())
+}
+
+/// Reads statements ending in `;` from stdin until EOF or `\q`.
+pub async fn repl(host: &InsituHost, format: Format) -> Result<(), String> {
+    let stdin = std::io::stdin();
+    let mut buffer = String::new();
+    eprintln!(
+        "insitu SQL ({} tables). End statements with ';', quit with \\q or Ctrl-D.",
+        host.tables().len()
+    );
+    loop {
+        eprint!(
+            "{}",
+            if buffer.is_empty() {
+                "insitu> "
+            } else {
+                "   ...> "
+            }
+        );
+        let _ = std::io::stderr().flush();
+        let mut line = String::new();
+        if stdin
+            .lock()
+            .read_line(&mut line)
+            .map_err(|e| e.to_string())?
+            == 0
+        {
+            return Ok(());
+        }
+        if line.trim() == "\\q" {
+            return Ok(());
+        }
+        buffer.push_str(&line);
+        if line.trim_end().ends_with(';') {
+            if let Err(e) = run_and_print(host, &buffer, format).await {
+                eprintln!("error: {e}");
+            }
+            buffer.clear();
+        }
+    }
+}

@@ -1,0 +1,438 @@
+//! The device runtime: runs stage plans next to the data.
+//!
+//! A [`Device`] owns a directory (its "flash"), a manifest of the partitions
+//! it holds, a memory budget (`mem_bytes_max`, enforced by a DataFusion
+//! memory pool) and a thread budget (its own tokio runtime). It accepts a
+//! stage plan as bytes, binds it to its own files, runs it and answers with
+//! an Arrow IPC stream followed by its statistics. It never sees SQL.
+
+mod binder;
+mod error;
+mod ipc;
+pub mod root;
+mod store;
+
+use std::collections::HashSet;
+use std::ops::Range;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use arrow::datatypes::SchemaRef;
+use arrow::record_batch::RecordBatch;
+use bytes::Bytes;
+use datafusion::common::tree_node::{TreeNode, TreeNodeRecursion};
+use datafusion::execution::memory_pool::{GreedyMemoryPool, MemoryConsumer, TrackConsumersPool};
+use datafusion::execution::runtime_env::RuntimeEnvBuilder;
+use datafusion::physical_optimizer::filter_pushdown::FilterPushdown;
+use datafusion::physical_optimizer::PhysicalOptimizerRule;
+use datafusion::physical_plan::coalesce_partitions::CoalescePartitionsExec;
+use datafusion::physical_plan::{ExecutionPlan, ExecutionPlanProperties};
+use datafusion::prelude::{SessionConfig, SessionContext};
+use futures::StreamExt;
+use insitu_format::{load_manifest, store_manifest, PartitionWriter, WriterOptions};
+use insitu_stage::decode_stage;
+use insitu_wire::{FormatDescriptor, Manifest, StagePlanEnvelope, PLAN_BYTES_MAX};
+use object_store::local::LocalFileSystem;
+use object_store::{ObjectStore, ObjectStoreExt};
+use tokio::sync::mpsc;
+
+pub use error::{DeviceError, DeviceErrorKind, DeviceResult};
+pub use ipc::IpcChunker;
+
+use binder::{DeviceBinder, VerifiedSet};
+use store::CountingStore;
+
+/// Result chunks a device runs ahead of a slow host (backpressure bound).
+pub const RESULT_CHUNKS_IN_FLIGHT: usize = 8;
+
+/// Budgets and identity of a device.
+#[derive(Debug, Clone)]
+pub struct DeviceConfig {
+    pub id: u32,
+    /// Device DRAM available to query execution, in bytes.
+    pub mem_bytes_max: usize,
+    /// Worker threads of the device runtime.
+    pub threads: usize,
+}
+
+impl DeviceConfig {
+    pub fn new(id: u32) -> Self {
+        Self {
+            id,
+            mem_bytes_max: 4 << 30,
+            threads: 2,
+        }
+    }
+}
+
+/// Statistics of one stage run, sent after the last result chunk.
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct StageStats {
+    pub rows_read: u64,
+    pub bytes_read: u64,
+    pub rows_out: u64,
+    pub elapsed_us: u64,
+}
+
+/// What a device sends back for a stage plan.
+#[derive(Debug, Clone)]
+pub enum DeviceMessage {
+    /// Part of the Arrow IPC result stream.
+    Ipc(Bytes),
+    /// The stage finished; nothing follows.
+    Done(StageStats),
+}
+
+/// A device: one directory, one manifest, one memory and thread budget.
+pub struct Device {
+    config: DeviceConfig,
+    dir: PathBuf,
+    manifest: Mutex<Manifest>,
+    ctx: SessionContext,
+    runtime: Option<tokio::runtime::Runtime>,
+    store: Arc<dyn ObjectStore>,
+    bytes_read: Arc<AtomicU64>,
+    verified: VerifiedSet,
+}
+
+impl std::fmt::Debug for Device {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Device({}, {})", self.config.id, self.dir.display())
+    }
+}
+
+impl Drop for Device {
+    fn drop(&mut self) {
+        // Dropping a runtime from inside another runtime must not block.
+        if let Some(rt) = self.runtime.take() {
+            rt.shutdown_background();
+        }
+    }
+}
+
+impl Device {
+    /// Opens an existing device directory.
+    pub fn open(dir: &Path, config: DeviceConfig) -> DeviceResult<Arc<Self>> {
+        let id = config.id;
+        if !dir.is_dir() {
+            return Err(DeviceError::new(
+                id,
+                DeviceErrorKind::NotFound,
+                format!("device directory {} does not exist", dir.display()),
+            ));
+        }
+        let manifest = load_manifest(dir, id)
+            .map_err(|e| DeviceError::new(id, DeviceErrorKind::Corrupt, e.to_string()))?;
+        Self::start(dir, config, manifest)
+    }
+
+    /// Creates the device directory if needed, then opens it.
+    pub fn create(dir: &Path, config: DeviceConfig) -> DeviceResult<Arc<Self>> {
+        std::fs::create_dir_all(dir).map_err(|e| {
+            DeviceError::new(
+                config.id,
+                DeviceErrorKind::NotFound,
+                format!("cannot create device directory {}: {e}", dir.display()),
+            )
+        })?;
+        Self::open(dir, config)
+    }
+
+    fn start(dir: &Path, config: DeviceConfig, manifest: Manifest) -> DeviceResult<Arc<Self>> {
+        let id = config.id;
+        let internal = |e: String| DeviceError::new(id, DeviceErrorKind::Execution, e);
+        let threads = config.threads.max(1);
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(threads)
+            .thread_name(format!("insitu-dev{id}"))
+            .enable_all()
+            .build()
+            .map_err(|e| internal(format!("cannot start runtime: {e}")))?;
+        let bytes_read = Arc::new(AtomicU64::new(0));
+        let store: Arc<dyn ObjectStore> = Arc::new(CountingStore::new(
+            Arc::new(LocalFileSystem::new()),
+            Arc::clone(&bytes_read),
+        ));
+        let pool = TrackConsumersPool::new(
+            GreedyMemoryPool::new(config.mem_bytes_max),
+            std::num::NonZeroUsize::new(3).expect("nonzero"),
+        );
+        let runtime_env = RuntimeEnvBuilder::new()
+            .with_memory_pool(Arc::new(pool))
+            .build_arc()
+            .map_err(|e| internal(e.to_string()))?;
+        let url = url::Url::parse("file://").expect("file url");
+        runtime_env.register_object_store(&url, Arc::clone(&store));
+        let mut session = SessionConfig::new()
+            .with_target_partitions(threads)
+            .with_batch_size(8192);
+        let parquet = &mut session.options_mut().execution.parquet;
+        // Late materialization: decode other columns only for rows that pass.
+        parquet.pushdown_filters = true;
+        parquet.reorder_filters = true;
+        let ctx = SessionContext::new_with_config_rt(session, runtime_env);
+        Ok(Arc::new(Self {
+            config,
+            dir: dir.to_path_buf(),
+            manifest: Mutex::new(manifest),
+            ctx,
+            runtime: Some(runtime),
+            store,
+            bytes_read,
+            verified: Arc::new(Mutex::new(HashSet::new())),
+        }))
+    }
+
+    pub fn id(&self) -> u32 {
+        self.config.id
+    }
+
+    pub fn config(&self) -> &DeviceConfig {
+        &self.config
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    pub fn manifest(&self) -> Manifest {
+        self.manifest.lock().expect("manifest lock").clone()
+    }
+
+    /// Total bytes this device has read from its storage.
+    pub fn bytes_read(&self) -> u64 {
+        self.bytes_read.load(Ordering::Relaxed)
+    }
+
+    fn runtime(&self) -> &tokio::runtime::Runtime {
+        self.runtime
+            .as_ref()
+            .expect("runtime lives as long as the device")
+    }
+
+    fn err(&self, kind: DeviceErrorKind, msg: impl Into<String>) -> DeviceError {
+        DeviceError::new(self.config.id, kind, msg)
+    }
+
+    /// Accepts a stage plan envelope and starts running it on the device's
+    /// threads. Results arrive on the returned channel; dropping it cancels
+    /// the stage.
+    pub fn execute(
+        self: &Arc<Self>,
+        envelope: &[u8],
+    ) -> DeviceResult<mpsc::Receiver<DeviceResult<DeviceMessage>>> {
+        let envelope = StagePlanEnvelope::decode(envelope, PLAN_BYTES_MAX)
+            .map_err(|e| self.err(DeviceErrorKind::BadPlan, e.to_string()))?;
+        if envelope.device != self.config.id {
+            return Err(self.err(
+                DeviceErrorKind::BadPlan,
+                format!("stage plan is addressed to device {}", envelope.device),
+            ));
+        }
+        let (tx, rx) = mpsc::channel(RESULT_CHUNKS_IN_FLIGHT);
+        let this = Arc::clone(self);
+        self.runtime().spawn(async move {
+            if let Err(e) = this.run_stage(envelope, &tx).await {
+                let _ = tx.send(Err(e)).await;
+            }
+        });
+        Ok(rx)
+    }
+
+    /// Checks that the host's descriptors match what this device holds.
+    fn check_descriptors(&self, descriptors: &[FormatDescriptor]) -> DeviceResult<Manifest> {
+        let manifest = self.manifest();
+        for d in descriptors {
+            let local = manifest.partition(&d.table, d.partition).ok_or_else(|| {
+                self.err(
+                    DeviceErrorKind::NotFound,
+                    format!("holds no partition {} of table {}", d.partition, d.table),
+                )
+            })?;
+            if local.crc32 != d.crc32 || local.byte_size != d.byte_size {
+                return Err(self.err(
+                    DeviceErrorKind::Corrupt,
+                    format!(
+                        "table {} partition {}: the plan's descriptor (crc32 {:08x}, {} bytes) \
+                         does not match the device's (crc32 {:08x}, {} bytes)",
+                        d.table, d.partition, d.crc32, d.byte_size, local.crc32, local.byte_size
+                    ),
+                ));
+            }
+        }
+        Ok(manifest)
+    }
+
+    async fn run_stage(
+        &self,
+        envelope: StagePlanEnvelope,
+        tx: &mpsc::Sender<DeviceResult<DeviceMessage>>,
+    ) -> DeviceResult<()> {
+        let started = Instant::now();
+        let bytes_before = self.bytes_read();
+        let id = self.config.id;
+        let df_err = |e| DeviceError::from_datafusion(id, self.config.mem_bytes_max, e);
+        let manifest = self.check_descriptors(&envelope.descriptors)?;
+        let state = self.ctx.state();
+        let binder = Arc::new(DeviceBinder {
+            device: id,
+            dir: self.dir.clone(),
+            manifest,
+            verified: Arc::clone(&self.verified),
+            config: Arc::new(state.config_options().as_ref().clone()),
+            target_partitions: self.config.threads.max(1),
+        });
+        let task_ctx = self.ctx.task_ctx();
+        let plan = decode_stage(&envelope.plan, &task_ctx, binder).map_err(df_err)?;
+        let plan = FilterPushdown::new()
+            .optimize(plan, state.config_options())
+            .map_err(df_err)?;
+        let root: Arc<dyn ExecutionPlan> = if plan.output_partitioning().partition_count() > 1 {
+            Arc::new(CoalescePartitionsExec::new(Arc::clone(&plan)))
+        } else {
+            Arc::clone(&plan)
+        };
+        tracing::debug!(device = id, query = %envelope.query_id, "running stage");
+        let mut stream = root.execute(0, task_ctx).map_err(df_err)?;
+        let schema: SchemaRef = root.schema();
+        let ipc_err =
+            |e: arrow::error::ArrowError| self.err(DeviceErrorKind::Execution, e.to_string());
+        let (mut chunker, head) = IpcChunker::start(&schema).map_err(ipc_err)?;
+        let send = |msg| async {
+            tx.send(Ok(msg))
+                .await
+                .map_err(|_| self.err(DeviceErrorKind::Execution, "host went away"))
+        };
+        send(DeviceMessage::Ipc(head)).await?;
+        // Chunks waiting in the channel are device memory: account for the
+        // most the channel can hold, so the budget covers them too.
+        let in_flight = MemoryConsumer::new("stage result chunks")
+            .register(&self.ctx.runtime_env().memory_pool);
+        let (mut rows_out, mut chunks, mut largest) = (0u64, 0usize, 0usize);
+        while let Some(batch) = stream.next().await {
+            let batch: RecordBatch = batch.map_err(df_err)?;
+            if batch.num_rows() == 0 {
+                continue;
+            }
+            rows_out += batch.num_rows() as u64;
+            let chunk = chunker.batch(&batch).map_err(ipc_err)?;
+            chunks += 1;
+            largest = largest.max(chunk.len());
+            in_flight
+                .try_resize(largest * chunks.min(RESULT_CHUNKS_IN_FLIGHT))
+                .map_err(df_err)?;
+            send(DeviceMessage::Ipc(chunk)).await?;
+        }
+        drop(in_flight);
+        send(DeviceMessage::Ipc(chunker.finish().map_err(ipc_err)?)).await?;
+        let stats = StageStats {
+            rows_read: rows_scanned(&plan),
+            bytes_read: self.bytes_read() - bytes_before,
+            rows_out,
+            elapsed_us: started.elapsed().as_micros() as u64,
+        };
+        send(DeviceMessage::Done(stats)).await
+    }
+
+    /// Reads a byte range of a partition file (pull mode: the host reads the
+    /// device's files through the link, like a data-lake reader).
+    pub async fn read_range(
+        self: &Arc<Self>,
+        table: &str,
+        partition: u32,
+        range: Range<u64>,
+    ) -> DeviceResult<Bytes> {
+        let d = self
+            .manifest()
+            .partition(table, partition)
+            .cloned()
+            .ok_or_else(|| {
+                self.err(
+                    DeviceErrorKind::NotFound,
+                    format!("holds no partition {partition} of table {table}"),
+                )
+            })?;
+        if range.start > range.end || range.end > d.byte_size {
+            return Err(self.err(
+                DeviceErrorKind::BadPlan,
+                format!(
+                    "range {range:?} is outside table {table} partition {partition} ({} bytes)",
+                    d.byte_size
+                ),
+            ));
+        }
+        let path = object_store::path::Path::from_absolute_path(self.dir.join(&d.file))
+            .map_err(|e| self.err(DeviceErrorKind::NotFound, e.to_string()))?;
+        let store = Arc::clone(&self.store);
+        let id = self.config.id;
+        self.runtime()
+            .spawn(async move { store.get_range(&path, range).await })
+            .await
+            .map_err(|e| DeviceError::new(id, DeviceErrorKind::Execution, e.to_string()))?
+            .map_err(|e| DeviceError::new(id, DeviceErrorKind::Execution, e.to_string()))
+    }
+
+    /// Writes one partition of `table` from `batches` and records it in the
+    /// manifest. The partition becomes visible only when complete.
+    pub fn write_partition(
+        &self,
+        table: &str,
+        partition: u32,
+        schema: SchemaRef,
+        batches: impl IntoIterator<Item = Result<RecordBatch, arrow::error::ArrowError>>,
+        options: &WriterOptions,
+    ) -> DeviceResult<FormatDescriptor> {
+        let io =
+            |e: insitu_format::FormatError| self.err(DeviceErrorKind::Execution, e.to_string());
+        let mut writer =
+            PartitionWriter::create(&self.dir, table, partition, schema, options).map_err(io)?;
+        for batch in batches {
+            let batch = batch.map_err(|e| self.err(DeviceErrorKind::Execution, e.to_string()))?;
+            writer.write(&batch).map_err(io)?;
+        }
+        let descriptor = writer.finish().map_err(io)?;
+        let mut manifest = self.manifest.lock().expect("manifest lock");
+        let mut next = manifest.clone();
+        next.upsert(descriptor.clone());
+        store_manifest(&self.dir, &next).map_err(io)?;
+        *manifest = next;
+        Ok(descriptor)
+    }
+
+    /// Removes a table: first from the manifest (atomically), then its files.
+    pub fn drop_table(&self, table: &str) -> DeviceResult<()> {
+        let mut manifest = self.manifest.lock().expect("manifest lock");
+        let Some(parts) = manifest.tables.get(table).cloned() else {
+            return Ok(());
+        };
+        let mut next = manifest.clone();
+        next.tables.remove(table);
+        store_manifest(&self.dir, &next)
+            .map_err(|e| self.err(DeviceErrorKind::Execution, e.to_string()))?;
+        *manifest = next;
+        for d in parts {
+            let _ = std::fs::remove_file(self.dir.join(&d.file));
+        }
+        Ok(())
+    }
+}
+
+/// Rows the scans of an executed plan decoded: rows that survived
+/// row-group and page pruning, whether or not the pushed filter kept them.
+fn rows_scanned(plan: &Arc<dyn ExecutionPlan>) -> u64 {
+    let mut rows = 0u64;
+    let _ = plan.apply(|node| {
+        if node.children().is_empty() {
+            if let Some(m) = node.metrics() {
+                let pruned_by_filter = m
+                    .sum_by_name("pushdown_rows_pruned")
+                    .map_or(0, |v| v.as_usize());
+                rows += (m.output_rows().unwrap_or(0) + pruned_by_filter) as u64;
+            }
+        }
+        Ok(TreeNodeRecursion::Continue)
+    });
+    rows
+}

@@ -1,0 +1,139 @@
+//! How the host reaches a device. Every exchange crosses the device's
+//! [`Link`], which meters and throttles it; in embedded mode the device
+//! lives in this process, but its inputs and outputs are still bytes.
+
+use std::ops::Range;
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use datafusion::common::{DataFusionError, Result};
+use futures::stream::{BoxStream, StreamExt};
+use insitu_device::{Device, DeviceMessage};
+use insitu_link::{Direction, Link};
+use insitu_wire::Manifest;
+
+/// A device as the host sees it.
+#[async_trait]
+pub trait DeviceClient: Send + Sync + std::fmt::Debug {
+    fn id(&self) -> u32;
+    fn link(&self) -> &Arc<Link>;
+    /// The device's manifest.
+    async fn manifest(&self) -> Result<Manifest>;
+    /// Sends an encoded stage plan envelope and streams the answer.
+    async fn execute(&self, envelope: Vec<u8>)
+        -> Result<BoxStream<'static, Result<DeviceMessage>>>;
+    /// Reads a byte range of a partition file (pull mode).
+    async fn read_range(&self, table: &str, partition: u32, range: Range<u64>) -> Result<Bytes>;
+    /// Bytes the device has read from its storage so far.
+    fn storage_bytes_read(&self) -> u64;
+}
+
+/// A device in this process.
+#[derive(Debug)]
+pub struct EmbeddedClient {
+    device: Arc<Device>,
+    link: Arc<Link>,
+}
+
+/// Size of a small request or control message on the link.
+const REQUEST_HEADER_BYTES: usize = 64;
+
+impl EmbeddedClient {
+    pub fn new(device: Arc<Device>, link: Arc<Link>) -> Self {
+        Self { device, link }
+    }
+
+    pub fn device(&self) -> &Arc<Device> {
+        &self.device
+    }
+}
+
+#[async_trait]
+impl DeviceClient for EmbeddedClient {
+    fn id(&self) -> u32 {
+        self.device.id()
+    }
+
+    fn link(&self) -> &Arc<Link> {
+        &self.link
+    }
+
+    async fn manifest(&self) -> Result<Manifest> {
+        self.link
+            .transfer(Direction::HostToDevice, REQUEST_HEADER_BYTES)
+            .await;
+        let bytes = self.device.manifest().to_json();
+        self.link
+            .transfer(Direction::DeviceToHost, bytes.len())
+            .await;
+        Manifest::from_json(&bytes, &format!("device {} manifest", self.id()))
+            .map_err(|e| DataFusionError::Execution(e.to_string()))
+    }
+
+    async fn execute(
+        &self,
+        envelope: Vec<u8>,
+    ) -> Result<BoxStream<'static, Result<DeviceMessage>>> {
+        self.link
+            .transfer(Direction::HostToDevice, envelope.len())
+            .await;
+        let rx = self
+            .device
+            .execute(&envelope)
+            .map_err(|e| e.into_datafusion())?;
+        let link = Arc::clone(&self.link);
+        let stream = futures::stream::unfold(rx, move |mut rx| {
+            let link = Arc::clone(&link);
+            async move {
+                let msg = rx.recv().await?;
+                let msg = match msg {
+                    Ok(DeviceMessage::Ipc(bytes)) => {
+                        link.transfer(Direction::DeviceToHost, bytes.len()).await;
+                        Ok(DeviceMessage::Ipc(bytes))
+                    }
+                    Ok(DeviceMessage::Done(stats)) => {
+                        link.transfer(Direction::DeviceToHost, REQUEST_HEADER_BYTES)
+                            .await;
+                        Ok(DeviceMessage::Done(stats))
+                    }
+                    Err(e) => Err(e.into_datafusion()),
+                };
+                Some((msg, rx))
+            }
+        });
+        Ok(stream.boxed())
+    }
+
+    async fn read_range(&self, table: &str, partition: u32, range: Range<u64>) -> Result<Bytes> {
+        self.link
+            .transfer(Direction::HostToDevice, REQUEST_HEADER_BYTES)
+            .await;
+        let bytes = self
+            .device
+            .read_range(table, partition, range)
+            .await
+            .map_err(|e| e.into_datafusion())?;
+        self.link
+            .transfer(Direction::DeviceToHost, bytes.len())
+            .await;
+        Ok(bytes)
+    }
+
+    fn storage_bytes_read(&self) -> u64 {
+        self.device.bytes_read()
+    }
+}
+
+/// Wraps in-process devices as clients, each behind its own link.
+pub fn embedded_clients(
+    devices: Vec<Arc<Device>>,
+    profile: insitu_link::LinkProfile,
+) -> Vec<Arc<dyn DeviceClient>> {
+    devices
+        .into_iter()
+        .map(|d| {
+            Arc::new(EmbeddedClient::new(d, Arc::new(Link::new(profile)))) as Arc<dyn DeviceClient>
+        })
+        .collect()
+}

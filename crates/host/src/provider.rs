@@ -1,0 +1,247 @@
+//! [`InsituTable`]: the DataFusion table provider of an insitu table.
+//!
+//! With pushdown on, a scan becomes a [`DeviceScanExec`] whose stage plan
+//! evaluates the pushed filters, projection and limit on the devices
+//! (filters are reported `Exact`, so DataFusion leaves no filter above it).
+//! With pushdown off, the host reads the devices' Parquet files through the
+//! link, like an engine reading a data lake, and does all the work itself.
+
+use std::sync::Arc;
+
+use arrow::datatypes::SchemaRef;
+use async_trait::async_trait;
+use datafusion::catalog::{Session, TableProvider};
+use datafusion::common::tree_node::{Transformed, TreeNode};
+use datafusion::common::{Column, DFSchema, Result};
+use datafusion::datasource::listing::PartitionedFile;
+use datafusion::datasource::physical_plan::{FileScanConfigBuilder, ParquetSource};
+use datafusion::datasource::source::DataSourceExec;
+use datafusion::datasource::TableType;
+use datafusion::execution::object_store::ObjectStoreUrl;
+use datafusion::logical_expr::utils::conjunction;
+use datafusion::logical_expr::{Expr, TableProviderFilterPushDown};
+use datafusion::physical_expr::PhysicalExpr;
+use datafusion::physical_plan::empty::EmptyExec;
+use datafusion::physical_plan::filter::FilterExec;
+use datafusion::physical_plan::limit::LocalLimitExec;
+use datafusion::physical_plan::projection::ProjectionExec;
+use datafusion::physical_plan::ExecutionPlan;
+use insitu_stage::PartitionScanExec;
+
+use crate::catalog::TableInfo;
+use crate::pull::{pull_path, PULL_STORE_URL};
+use crate::scan::DeviceScanExec;
+use crate::stats::StageStatsSink;
+
+/// Whether the devices run the data-reducing work or the host does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Pushdown {
+    On,
+    Off,
+}
+
+#[derive(Debug)]
+pub struct InsituTable {
+    info: TableInfo,
+    pushdown: Pushdown,
+    stats: Arc<StageStatsSink>,
+}
+
+impl InsituTable {
+    pub fn new(info: TableInfo, pushdown: Pushdown, stats: Arc<StageStatsSink>) -> Self {
+        Self {
+            info,
+            pushdown,
+            stats,
+        }
+    }
+
+    pub fn info(&self) -> &TableInfo {
+        &self.info
+    }
+
+    /// Physical form of the pushed filters, over `schema`.
+    fn physical_filters(
+        &self,
+        state: &dyn Session,
+        filters: &[Expr],
+        schema: &SchemaRef,
+    ) -> Result<Option<Arc<dyn PhysicalExpr>>> {
+        let Some(predicate) = conjunction(filters.iter().cloned()) else {
+            return Ok(None);
+        };
+        let df_schema = DFSchema::try_from(schema.as_ref().clone())?;
+        let predicate = unqualify(predicate)?;
+        Ok(Some(state.create_physical_expr(predicate, &df_schema)?))
+    }
+
+    fn push_scan(
+        &self,
+        state: &dyn Session,
+        projection: Option<&Vec<usize>>,
+        filters: &[Expr],
+        limit: Option<usize>,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        let schema = &self.info.schema;
+        // The device reads the projected columns plus those the filters need.
+        let mut read: Vec<usize> = projection
+            .cloned()
+            .unwrap_or_else(|| (0..schema.fields().len()).collect());
+        let wanted = read.clone();
+        for f in filters {
+            for c in f.column_refs() {
+                let i = schema.index_of(&c.name)?;
+                if !read.contains(&i) {
+                    read.push(i);
+                }
+            }
+        }
+        let leaf = Arc::new(PartitionScanExec::try_new(
+            self.info.name.clone(),
+            vec![],
+            Arc::clone(schema),
+            Some(read.clone()),
+        )?);
+        let mut stage: Arc<dyn ExecutionPlan> = leaf.clone();
+        if let Some(predicate) = self.physical_filters(state, filters, &leaf.schema())? {
+            stage = Arc::new(FilterExec::try_new(predicate, stage)?);
+        }
+        if read.len() != wanted.len() {
+            let exprs = wanted
+                .iter()
+                .enumerate()
+                .map(|(pos, _)| {
+                    let field = leaf.schema().field(pos).clone();
+                    let col: Arc<dyn PhysicalExpr> = Arc::new(
+                        datafusion::physical_expr::expressions::Column::new(field.name(), pos),
+                    );
+                    (col, field.name().clone())
+                })
+                .collect::<Vec<_>>();
+            stage = Arc::new(ProjectionExec::try_new(exprs, stage)?);
+        }
+        if let Some(n) = limit {
+            stage = Arc::new(LocalLimitExec::new(stage, n));
+        }
+        Ok(Arc::new(DeviceScanExec::new(
+            stage,
+            self.info.shares.clone(),
+            Arc::clone(&self.stats),
+        )))
+    }
+
+    fn pull_scan(
+        &self,
+        state: &dyn Session,
+        projection: Option<&Vec<usize>>,
+        filters: &[Expr],
+        limit: Option<usize>,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        let schema = &self.info.schema;
+        let mut source = ParquetSource::new(Arc::clone(schema));
+        if let Some(predicate) = self.physical_filters(state, filters, schema)? {
+            source = source.with_predicate(predicate);
+        }
+        let mut builder =
+            FileScanConfigBuilder::new(ObjectStoreUrl::parse(PULL_STORE_URL)?, Arc::new(source));
+        let mut any = false;
+        for share in &self.info.shares {
+            for d in &share.descriptors {
+                builder = builder.with_file(PartitionedFile::new(
+                    pull_path(share.client.id(), &d.table, d.partition),
+                    d.byte_size,
+                ));
+                any = true;
+            }
+        }
+        if !any {
+            let projected = match projection {
+                Some(p) => Arc::new(schema.project(p)?),
+                None => Arc::clone(schema),
+            };
+            return Ok(Arc::new(EmptyExec::new(projected)));
+        }
+        let config = builder
+            .with_projection_indices(projection.cloned())?
+            .with_limit(limit)
+            .build();
+        let exec: Arc<dyn ExecutionPlan> = DataSourceExec::from_data_source(config);
+        let target = state.config().target_partitions();
+        Ok(exec
+            .repartitioned(target, state.config_options())?
+            .unwrap_or(exec))
+    }
+}
+
+/// Filters name columns of this table; drop whatever qualifier the query used.
+fn unqualify(expr: Expr) -> Result<Expr> {
+    Ok(expr
+        .transform(|e| {
+            Ok(match e {
+                Expr::Column(c) => Transformed::yes(Expr::Column(Column::new_unqualified(c.name))),
+                other => Transformed::no(other),
+            })
+        })?
+        .data)
+}
+
+/// Whether a device can evaluate `expr` exactly.
+fn device_can_evaluate(expr: &Expr) -> bool {
+    let mut ok = true;
+    let _ = expr.apply(|e| {
+        match e {
+            Expr::ScalarFunction(f)
+                if f.func.signature().volatility
+                    == datafusion::logical_expr::Volatility::Volatile =>
+            {
+                ok = false
+            }
+            Expr::ScalarSubquery(_)
+            | Expr::Exists(_)
+            | Expr::InSubquery(_)
+            | Expr::OuterReferenceColumn(..)
+            | Expr::Placeholder(_) => ok = false,
+            _ => {}
+        }
+        Ok(datafusion::common::tree_node::TreeNodeRecursion::Continue)
+    });
+    ok
+}
+
+#[async_trait]
+impl TableProvider for InsituTable {
+    fn schema(&self) -> SchemaRef {
+        Arc::clone(&self.info.schema)
+    }
+
+    fn table_type(&self) -> TableType {
+        TableType::Base
+    }
+
+    fn supports_filters_pushdown(
+        &self,
+        filters: &[&Expr],
+    ) -> Result<Vec<TableProviderFilterPushDown>> {
+        Ok(filters
+            .iter()
+            .map(|f| match self.pushdown {
+                Pushdown::On if device_can_evaluate(f) => TableProviderFilterPushDown::Exact,
+                Pushdown::On => TableProviderFilterPushDown::Unsupported,
+                Pushdown::Off => TableProviderFilterPushDown::Inexact,
+            })
+            .collect())
+    }
+
+    async fn scan(
+        &self,
+        state: &dyn Session,
+        projection: Option<&Vec<usize>>,
+        filters: &[Expr],
+        limit: Option<usize>,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        match self.pushdown {
+            Pushdown::On => self.push_scan(state, projection, filters, limit),
+            Pushdown::Off => self.pull_scan(state, projection, filters, limit),
+        }
+    }
+}

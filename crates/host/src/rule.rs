@@ -1,0 +1,115 @@
+//! [`FoldIntoStages`]: a physical optimizer rule that moves data-reducing
+//! host operators into the device stage plans beneath them.
+//!
+//! ```text
+//!  before                                   after
+//!  AggregateExec(Final)                     AggregateExec(Final)
+//!    CoalescePartitionsExec                   CoalescePartitionsExec
+//!      AggregateExec(Partial)                   DeviceScanExec
+//!        ProjectionExec                           stage: AggregateExec(Partial)
+//!          RepartitionExec(RoundRobin)                     <- ProjectionExec
+//!            DeviceScanExec                                <- FilterExec <- PartitionScanExec
+//!              stage: FilterExec <- PartitionScanExec
+//! ```
+//!
+//! Folded: a partial aggregate (and the filters, projections and
+//! repartitions between it and the device scan), and filters/projections
+//! directly above a device scan. Repartitions are dropped: a device spreads
+//! its own work over its threads. A fold happens only if the grown stage
+//! encodes and decodes, so a device never receives a plan it cannot run.
+
+use std::sync::Arc;
+
+use datafusion::common::tree_node::{Transformed, TreeNode};
+use datafusion::common::Result;
+use datafusion::config::ConfigOptions;
+use datafusion::execution::TaskContext;
+use datafusion::physical_optimizer::PhysicalOptimizerRule;
+use datafusion::physical_plan::aggregates::{AggregateExec, AggregateMode};
+use datafusion::physical_plan::filter::FilterExec;
+use datafusion::physical_plan::projection::ProjectionExec;
+use datafusion::physical_plan::repartition::RepartitionExec;
+use datafusion::physical_plan::{ChildrenPropertiesMode, ExecutionPlan, ReplaceChildrenOptions};
+use insitu_stage::{decode_stage_unbound, encode_stage};
+
+use crate::scan::DeviceScanExec;
+
+#[derive(Debug, Default)]
+pub struct FoldIntoStages;
+
+impl PhysicalOptimizerRule for FoldIntoStages {
+    fn optimize(
+        &self,
+        plan: Arc<dyn ExecutionPlan>,
+        _config: &ConfigOptions,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        Ok(plan.transform_up(|node| Ok(fold(node)))?.data)
+    }
+
+    fn name(&self) -> &str {
+        "insitu_fold_into_stages"
+    }
+
+    fn schema_check(&self) -> bool {
+        true
+    }
+}
+
+fn is_row_local(node: &Arc<dyn ExecutionPlan>) -> bool {
+    node.is::<FilterExec>() || node.is::<ProjectionExec>()
+}
+
+/// Folds `node` into the device scan below it, if it can.
+fn fold(node: Arc<dyn ExecutionPlan>) -> Transformed<Arc<dyn ExecutionPlan>> {
+    let foldable_aggregate = node
+        .downcast_ref::<AggregateExec>()
+        .is_some_and(|a| *a.mode() == AggregateMode::Partial);
+    if !(foldable_aggregate || is_row_local(&node)) {
+        return Transformed::no(node);
+    }
+    // Walk down through operators that can move to the device.
+    let mut chain: Vec<Arc<dyn ExecutionPlan>> = vec![];
+    let mut cursor = Arc::clone(&node);
+    let scan = loop {
+        let children = cursor.children();
+        if children.len() != 1 {
+            return Transformed::no(node);
+        }
+        let child = Arc::clone(children[0]);
+        if let Some(scan) = child.downcast_ref::<DeviceScanExec>() {
+            break scan.clone();
+        }
+        let passable =
+            is_row_local(&child) || (foldable_aggregate && child.is::<RepartitionExec>());
+        if !passable {
+            return Transformed::no(node);
+        }
+        chain.push(Arc::clone(&cursor));
+        cursor = child;
+    };
+    chain.push(cursor);
+    // Rebuild the chain on top of the stage, skipping repartitions.
+    let mut stage = Arc::clone(scan.stage());
+    for op in chain.into_iter().rev() {
+        if op.is::<RepartitionExec>() {
+            continue;
+        }
+        let options = ReplaceChildrenOptions::new(ChildrenPropertiesMode::Recompute);
+        stage = match op.replace_children(vec![stage], options) {
+            Ok(s) => s,
+            Err(_) => return Transformed::no(node),
+        };
+    }
+    if !round_trips(&stage) {
+        return Transformed::no(node);
+    }
+    Transformed::yes(Arc::new(scan.with_stage(stage)))
+}
+
+/// Whether a device could decode `stage`: some plans encode but only decode
+/// inside a host-side context (scalar subqueries, for one).
+fn round_trips(stage: &Arc<dyn ExecutionPlan>) -> bool {
+    encode_stage(Arc::clone(stage))
+        .and_then(|bytes| decode_stage_unbound(&bytes, &TaskContext::default()))
+        .is_ok()
+}

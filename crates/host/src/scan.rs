@@ -1,0 +1,250 @@
+//! [`DeviceScanExec`]: the host operator that runs a stage plan on every
+//! device holding the table and streams their results back.
+//!
+//! ```text
+//!                 DeviceScanExec (one output partition per device)
+//!               /        |        \
+//!   stage plan bytes  ...        (link: metered, throttled)
+//!          |                          |
+//!      device 0                   device N-1
+//!   (binds, runs, answers with Arrow IPC + stats)
+//! ```
+
+use std::fmt;
+use std::sync::Arc;
+
+use arrow::buffer::Buffer;
+use arrow::datatypes::SchemaRef;
+use arrow::ipc::reader::StreamDecoder;
+use arrow::record_batch::{RecordBatch, RecordBatchOptions};
+use datafusion::common::tree_node::{Transformed, TreeNode, TreeNodeRecursion};
+use datafusion::common::{internal_err, DataFusionError, Result};
+use datafusion::execution::{SendableRecordBatchStream, TaskContext};
+use datafusion::physical_expr::{EquivalenceProperties, PhysicalExpr};
+use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType, SchedulingType};
+use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
+use datafusion::physical_plan::{
+    DisplayAs, DisplayFormatType, ExecutionPlan, Partitioning, PlanProperties,
+};
+use futures::{StreamExt, TryStreamExt};
+use insitu_device::DeviceMessage;
+use insitu_stage::{describe_stage, encode_stage, PartitionScanExec};
+use insitu_wire::StagePlanEnvelope;
+
+use crate::catalog::DeviceShare;
+use crate::stats::StageStatsSink;
+
+/// Runs a stage plan on each device that holds part of a table.
+#[derive(Debug, Clone)]
+pub struct DeviceScanExec {
+    /// The stage with an unbound leaf; each device gets its own partitions.
+    stage: Arc<dyn ExecutionPlan>,
+    shares: Vec<DeviceShare>,
+    stats: Arc<StageStatsSink>,
+    properties: Arc<PlanProperties>,
+}
+
+impl DeviceScanExec {
+    pub fn new(
+        stage: Arc<dyn ExecutionPlan>,
+        shares: Vec<DeviceShare>,
+        stats: Arc<StageStatsSink>,
+    ) -> Self {
+        let properties = PlanProperties::new(
+            EquivalenceProperties::new(stage.schema()),
+            Partitioning::UnknownPartitioning(shares.len().max(1)),
+            EmissionType::Incremental,
+            Boundedness::Bounded,
+        )
+        // Results arrive through tokio channels, which yield to the scheduler.
+        .with_scheduling_type(SchedulingType::Cooperative);
+        Self {
+            stage,
+            shares,
+            stats,
+            properties: Arc::new(properties),
+        }
+    }
+
+    pub fn stage(&self) -> &Arc<dyn ExecutionPlan> {
+        &self.stage
+    }
+
+    /// The same devices running a bigger stage (the optimizer folds host
+    /// operators into it).
+    pub fn with_stage(&self, stage: Arc<dyn ExecutionPlan>) -> Self {
+        Self::new(stage, self.shares.clone(), Arc::clone(&self.stats))
+    }
+
+    /// The stage bound to one device's partitions, encoded in its envelope.
+    pub fn envelope_for(&self, share: &DeviceShare, query_id: &str) -> Result<Vec<u8>> {
+        let partitions = share.partition_ids();
+        let bound = Arc::clone(&self.stage)
+            .transform_up(|node| {
+                Ok(match node.downcast_ref::<PartitionScanExec>() {
+                    Some(scan) => {
+                        Transformed::yes(Arc::new(scan.with_partitions(partitions.clone())) as _)
+                    }
+                    None => Transformed::no(node),
+                })
+            })?
+            .data;
+        let plan = encode_stage(bound)?;
+        Ok(StagePlanEnvelope {
+            query_id: query_id.to_string(),
+            device: share.client.id(),
+            descriptors: share.descriptors.clone(),
+            plan,
+        }
+        .encode())
+    }
+}
+
+impl DisplayAs for DeviceScanExec {
+    fn fmt_as(&self, _t: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
+        let devices: Vec<String> = self
+            .shares
+            .iter()
+            .map(|s| format!("{}:{:?}", s.client.id(), s.partition_ids()))
+            .collect();
+        write!(
+            f,
+            "DeviceScanExec: devices=[{}], stage=[{}]",
+            devices.join(", "),
+            describe_stage(&self.stage)
+        )
+    }
+}
+
+impl ExecutionPlan for DeviceScanExec {
+    fn name(&self) -> &str {
+        "DeviceScanExec"
+    }
+
+    fn properties(&self) -> &Arc<PlanProperties> {
+        &self.properties
+    }
+
+    fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
+        vec![]
+    }
+
+    fn apply_expressions(
+        &self,
+        _f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> Result<TreeNodeRecursion>,
+    ) -> Result<TreeNodeRecursion> {
+        Ok(TreeNodeRecursion::Continue)
+    }
+
+    fn with_new_children(
+        self: Arc<Self>,
+        _children: Vec<Arc<dyn ExecutionPlan>>,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        Ok(self)
+    }
+
+    fn execute(
+        &self,
+        partition: usize,
+        context: Arc<TaskContext>,
+    ) -> Result<SendableRecordBatchStream> {
+        let schema = self.schema();
+        let Some(share) = self.shares.get(partition).cloned() else {
+            if self.shares.is_empty() && partition == 0 {
+                return Ok(Box::pin(RecordBatchStreamAdapter::new(
+                    schema,
+                    futures::stream::empty(),
+                )));
+            }
+            return internal_err!("DeviceScanExec has no partition {partition}");
+        };
+        let envelope = self.envelope_for(&share, context.session_id().as_str())?;
+        let stats = Arc::clone(&self.stats);
+        let out_schema = Arc::clone(&schema);
+        let stream = futures::stream::once(async move {
+            let messages = share.client.execute(envelope).await?;
+            Ok::<_, DataFusionError>(decode_results(
+                messages,
+                out_schema,
+                stats,
+                share.client.id(),
+            ))
+        })
+        .try_flatten();
+        Ok(Box::pin(RecordBatchStreamAdapter::new(schema, stream)))
+    }
+}
+
+/// Turns a device's messages into record batches of `schema`.
+fn decode_results(
+    messages: futures::stream::BoxStream<'static, Result<DeviceMessage>>,
+    schema: SchemaRef,
+    stats: Arc<StageStatsSink>,
+    device: u32,
+) -> futures::stream::BoxStream<'static, Result<RecordBatch>> {
+    let state = (messages, StreamDecoder::new(), false);
+    futures::stream::unfold(state, move |(mut messages, mut decoder, done)| {
+        let schema = Arc::clone(&schema);
+        let stats = Arc::clone(&stats);
+        async move {
+            if done {
+                return None;
+            }
+            loop {
+                match messages.next().await {
+                    None => {
+                        let err = DataFusionError::Execution(format!(
+                            "device {device}: result stream ended before the stage finished"
+                        ));
+                        return Some((Err(err), (messages, decoder, true)));
+                    }
+                    Some(Err(e)) => return Some((Err(e), (messages, decoder, true))),
+                    Some(Ok(DeviceMessage::Done(s))) => {
+                        stats.add(&s);
+                        return None;
+                    }
+                    Some(Ok(DeviceMessage::Ipc(bytes))) => {
+                        match decode_chunk(&mut decoder, bytes, &schema, device) {
+                            Ok(Some(batch)) => {
+                                return Some((Ok(batch), (messages, decoder, false)))
+                            }
+                            Ok(None) => continue,
+                            Err(e) => return Some((Err(e), (messages, decoder, true))),
+                        }
+                    }
+                }
+            }
+        }
+    })
+    .boxed()
+}
+
+/// Decodes one IPC chunk (one whole message: schema, batch or end marker).
+fn decode_chunk(
+    decoder: &mut StreamDecoder,
+    bytes: bytes::Bytes,
+    schema: &SchemaRef,
+    device: u32,
+) -> Result<Option<RecordBatch>> {
+    let ipc_err = |e: arrow::error::ArrowError| {
+        DataFusionError::Execution(format!("device {device}: malformed result stream: {e}"))
+    };
+    let mut buffer = Buffer::from(bytes);
+    let mut out = None;
+    while !buffer.is_empty() {
+        if let Some(batch) = decoder.decode(&mut buffer).map_err(ipc_err)? {
+            if out.is_some() {
+                return Err(ipc_err(arrow::error::ArrowError::IpcError(
+                    "more than one batch in a chunk".into(),
+                )));
+            }
+            out = Some(batch);
+        }
+    }
+    out.map(|batch| {
+        let options = RecordBatchOptions::new().with_row_count(Some(batch.num_rows()));
+        RecordBatch::try_new_with_options(Arc::clone(schema), batch.columns().to_vec(), &options)
+            .map_err(ipc_err)
+    })
+    .transpose()
+}

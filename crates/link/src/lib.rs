@@ -1,0 +1,241 @@
+//! Host↔device links: every byte that crosses the device boundary passes
+//! through a [`Link`], which meters it and, when configured, throttles it to
+//! a rate so that experiments on one machine see the bottleneck real
+//! hardware has. Throttling is an emulation and is reported as such.
+//!
+//! The throttle is a serial-link model: a transfer of `n` bytes occupies the
+//! link for `n / rate` seconds after the previous transfer finished, with a
+//! small burst allowance so that short messages are not delayed by timer
+//! granularity.
+
+use std::fmt;
+use std::str::FromStr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+use std::time::Duration;
+use tokio::time::Instant;
+
+/// A link's rate, named or numeric.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct LinkProfile {
+    /// `None` means unlimited.
+    pub bytes_per_sec: Option<f64>,
+    pub name: &'static str,
+}
+
+/// Named profiles (name, bytes per second).
+pub const NAMED_PROFILES: &[(&str, Option<f64>)] = &[
+    ("unlimited", None),
+    ("pcie3x4", Some(3.2e9)),
+    ("10gbe", Some(1.2e9)),
+    ("sata3", Some(0.55e9)),
+    ("1gbe", Some(0.125e9)),
+];
+
+impl LinkProfile {
+    pub const UNLIMITED: LinkProfile = LinkProfile {
+        bytes_per_sec: None,
+        name: "unlimited",
+    };
+
+    pub fn is_throttled(&self) -> bool {
+        self.bytes_per_sec.is_some()
+    }
+}
+
+impl fmt::Display for LinkProfile {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.bytes_per_sec {
+            None => write!(f, "unlimited"),
+            Some(r) if self.name == "custom" => write!(f, "{:.3} GB/s (emulated)", r / 1e9),
+            Some(r) => write!(f, "{} ({:.3} GB/s, emulated)", self.name, r / 1e9),
+        }
+    }
+}
+
+/// Error for an unknown or malformed link profile.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "unknown link profile '{0}': use one of unlimited, pcie3x4, 10gbe, sata3, 1gbe, \
+     or a rate in bytes per second such as 250e6 or 2.5GB/s"
+)]
+pub struct ProfileError(String);
+
+impl FromStr for LinkProfile {
+    type Err = ProfileError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let lower = s.trim().to_ascii_lowercase();
+        if let Some((name, rate)) = NAMED_PROFILES.iter().find(|(n, _)| *n == lower) {
+            return Ok(LinkProfile {
+                bytes_per_sec: *rate,
+                name,
+            });
+        }
+        let (number, scale) = match lower.strip_suffix("gb/s") {
+            Some(n) => (n, 1e9),
+            None => match lower.strip_suffix("mb/s") {
+                Some(n) => (n, 1e6),
+                None => (lower.as_str(), 1.0),
+            },
+        };
+        let rate: f64 = number
+            .trim()
+            .parse()
+            .map_err(|_| ProfileError(s.to_string()))?;
+        if !(rate.is_finite() && rate > 0.0) {
+            return Err(ProfileError(s.to_string()));
+        }
+        Ok(LinkProfile {
+            bytes_per_sec: Some(rate * scale),
+            name: "custom",
+        })
+    }
+}
+
+/// Direction of a transfer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Direction {
+    HostToDevice,
+    DeviceToHost,
+}
+
+/// Byte counts of a link.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct LinkCounters {
+    pub bytes_to_device: u64,
+    pub bytes_to_host: u64,
+    pub messages: u64,
+}
+
+impl LinkCounters {
+    pub fn total(&self) -> u64 {
+        self.bytes_to_device + self.bytes_to_host
+    }
+
+    pub fn since(&self, earlier: &LinkCounters) -> LinkCounters {
+        LinkCounters {
+            bytes_to_device: self.bytes_to_device - earlier.bytes_to_device,
+            bytes_to_host: self.bytes_to_host - earlier.bytes_to_host,
+            messages: self.messages - earlier.messages,
+        }
+    }
+}
+
+/// Burst allowance of a throttled link: transfers may run this far ahead of
+/// the rate before they wait.
+const BURST: Duration = Duration::from_millis(2);
+
+/// A metered, optionally throttled link between the host and one device.
+#[derive(Debug)]
+pub struct Link {
+    profile: LinkProfile,
+    to_device: AtomicU64,
+    to_host: AtomicU64,
+    messages: AtomicU64,
+    /// When the link is next free, for the serial-link throttle.
+    busy_until: Mutex<Option<Instant>>,
+}
+
+impl Link {
+    pub fn new(profile: LinkProfile) -> Self {
+        Self {
+            profile,
+            to_device: AtomicU64::new(0),
+            to_host: AtomicU64::new(0),
+            messages: AtomicU64::new(0),
+            busy_until: Mutex::new(None),
+        }
+    }
+
+    pub fn profile(&self) -> LinkProfile {
+        self.profile
+    }
+
+    /// Counts `bytes` crossing the link and waits as long as the link's rate
+    /// demands. Both directions share one serial link.
+    pub async fn transfer(&self, direction: Direction, bytes: usize) {
+        let counter = match direction {
+            Direction::HostToDevice => &self.to_device,
+            Direction::DeviceToHost => &self.to_host,
+        };
+        counter.fetch_add(bytes as u64, Ordering::Relaxed);
+        self.messages.fetch_add(1, Ordering::Relaxed);
+        if let Some(wait) = self.reserve(bytes, Instant::now()) {
+            tokio::time::sleep(wait).await;
+        }
+    }
+
+    /// Books `bytes` on the link's timeline and returns how long the caller
+    /// must wait for the transfer to complete, if longer than the burst.
+    fn reserve(&self, bytes: usize, now: Instant) -> Option<Duration> {
+        let rate = self.profile.bytes_per_sec?;
+        let cost = Duration::from_secs_f64(bytes as f64 / rate);
+        let mut busy = self.busy_until.lock().expect("link lock");
+        let start = busy.map_or(now, |b| b.max(now));
+        let done = start + cost;
+        *busy = Some(done);
+        let wait = done.saturating_duration_since(now);
+        (wait > BURST).then_some(wait)
+    }
+
+    pub fn counters(&self) -> LinkCounters {
+        LinkCounters {
+            bytes_to_device: self.to_device.load(Ordering::Relaxed),
+            bytes_to_host: self.to_host.load(Ordering::Relaxed),
+            messages: self.messages.load(Ordering::Relaxed),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_profiles() {
+        assert_eq!(
+            "10gbe".parse::<LinkProfile>().unwrap().bytes_per_sec,
+            Some(1.2e9)
+        );
+        assert_eq!(
+            "unlimited".parse::<LinkProfile>().unwrap().bytes_per_sec,
+            None
+        );
+        assert_eq!(
+            "2.5GB/s".parse::<LinkProfile>().unwrap().bytes_per_sec,
+            Some(2.5e9)
+        );
+        assert_eq!(
+            "250e6".parse::<LinkProfile>().unwrap().bytes_per_sec,
+            Some(250e6)
+        );
+        for bad in ["", "fast", "-1", "0", "nan"] {
+            let err = bad.parse::<LinkProfile>().unwrap_err().to_string();
+            assert!(err.contains("unknown link profile"), "{err}");
+        }
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn throttles_to_rate_and_meters_both_directions() {
+        let link = Link::new("1000000".parse().unwrap()); // 1 MB/s
+        let start = Instant::now();
+        link.transfer(Direction::DeviceToHost, 50_000).await;
+        link.transfer(Direction::HostToDevice, 25_000).await;
+        let elapsed = start.elapsed();
+        // 75 kB at 1 MB/s occupy the link for 75 ms.
+        assert!(elapsed >= Duration::from_millis(73), "{elapsed:?}");
+        assert!(elapsed < Duration::from_millis(500), "{elapsed:?}");
+        let c = link.counters();
+        assert_eq!(
+            (c.bytes_to_host, c.bytes_to_device, c.messages),
+            (50_000, 25_000, 2)
+        );
+    }
+
+    #[test]
+    fn unlimited_never_waits() {
+        let link = Link::new(LinkProfile::UNLIMITED);
+        assert_eq!(link.reserve(usize::MAX / 2, Instant::now()), None);
+    }
+}

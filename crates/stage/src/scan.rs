@@ -1,0 +1,136 @@
+//! The leaf of every stage plan.
+
+use std::fmt;
+use std::sync::Arc;
+
+use arrow::datatypes::SchemaRef;
+use datafusion::common::tree_node::TreeNodeRecursion;
+use datafusion::common::{exec_err, Result};
+use datafusion::execution::{SendableRecordBatchStream, TaskContext};
+use datafusion::physical_expr::{EquivalenceProperties, PhysicalExpr};
+use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
+use datafusion::physical_plan::{
+    DisplayAs, DisplayFormatType, ExecutionPlan, Partitioning, PlanProperties,
+};
+
+/// Scan of some partitions of a table, with an optional projection.
+///
+/// It names data, it does not read it: a device binds it to its own files
+/// (see [`crate::PartitionBinder`]); executing it unbound is an error.
+#[derive(Debug, Clone)]
+pub struct PartitionScanExec {
+    table: String,
+    partitions: Vec<u32>,
+    table_schema: SchemaRef,
+    projection: Option<Vec<usize>>,
+    properties: Arc<PlanProperties>,
+}
+
+impl PartitionScanExec {
+    /// Scans `partitions` of `table`, whose full schema is `table_schema`,
+    /// producing the columns in `projection` (all when `None`).
+    pub fn try_new(
+        table: impl Into<String>,
+        partitions: Vec<u32>,
+        table_schema: SchemaRef,
+        projection: Option<Vec<usize>>,
+    ) -> Result<Self> {
+        let output_schema = match &projection {
+            Some(p) => Arc::new(table_schema.project(p)?),
+            None => Arc::clone(&table_schema),
+        };
+        let properties = PlanProperties::new(
+            EquivalenceProperties::new(output_schema),
+            Partitioning::UnknownPartitioning(1),
+            EmissionType::Incremental,
+            Boundedness::Bounded,
+        );
+        Ok(Self {
+            table: table.into(),
+            partitions,
+            table_schema,
+            projection,
+            properties: Arc::new(properties),
+        })
+    }
+
+    pub fn table(&self) -> &str {
+        &self.table
+    }
+
+    pub fn partitions(&self) -> &[u32] {
+        &self.partitions
+    }
+
+    pub fn table_schema(&self) -> &SchemaRef {
+        &self.table_schema
+    }
+
+    pub fn projection(&self) -> Option<&[usize]> {
+        self.projection.as_deref()
+    }
+
+    /// The same scan over other partitions (the host binds a template per device).
+    pub fn with_partitions(&self, partitions: Vec<u32>) -> Self {
+        Self {
+            partitions,
+            ..self.clone()
+        }
+    }
+}
+
+impl DisplayAs for PartitionScanExec {
+    fn fmt_as(&self, _t: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
+        write!(f, "PartitionScanExec: table={}", self.table)?;
+        if !self.partitions.is_empty() {
+            write!(f, ", partitions={:?}", self.partitions)?;
+        }
+        if let Some(p) = &self.projection {
+            let names: Vec<_> = p
+                .iter()
+                .map(|i| self.table_schema.field(*i).name().as_str())
+                .collect();
+            write!(f, ", projection=[{}]", names.join(", "))?;
+        }
+        Ok(())
+    }
+}
+
+impl ExecutionPlan for PartitionScanExec {
+    fn name(&self) -> &str {
+        "PartitionScanExec"
+    }
+
+    fn properties(&self) -> &Arc<PlanProperties> {
+        &self.properties
+    }
+
+    fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
+        vec![]
+    }
+
+    fn apply_expressions(
+        &self,
+        _f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> Result<TreeNodeRecursion>,
+    ) -> Result<TreeNodeRecursion> {
+        Ok(TreeNodeRecursion::Continue)
+    }
+
+    fn with_new_children(
+        self: Arc<Self>,
+        _children: Vec<Arc<dyn ExecutionPlan>>,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        Ok(self)
+    }
+
+    fn execute(
+        &self,
+        _partition: usize,
+        _context: Arc<TaskContext>,
+    ) -> Result<SendableRecordBatchStream> {
+        exec_err!(
+            "PartitionScanExec of table {} is not bound to device files; stage plans run on devices",
+            self.table
+        )
+    }
+}

@@ -1,0 +1,132 @@
+//! The stage-plan envelope: what the host sends a device to run.
+//!
+//! Framing: `ISTP` magic, a little-endian `u32` header length, a JSON header
+//! (version, query id, device, the format descriptors of every partition the
+//! plan reads), then the plan bytes (a datafusion-proto physical plan).
+
+use serde::{Deserialize, Serialize};
+
+use crate::{FormatDescriptor, WireError, WireResult};
+
+pub const ENVELOPE_MAGIC: &[u8; 4] = b"ISTP";
+/// The envelope version this build writes and reads.
+pub const ENVELOPE_VERSION: u32 = 1;
+/// Largest stage plan a device accepts, in bytes (`plan_bytes_max`).
+pub const PLAN_BYTES_MAX: usize = 16 * 1024 * 1024;
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+struct Header {
+    version: u32,
+    query_id: String,
+    device: u32,
+    descriptors: Vec<FormatDescriptor>,
+}
+
+/// A stage plan addressed to one device.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StagePlanEnvelope {
+    pub query_id: String,
+    pub device: u32,
+    /// Descriptors of every partition the plan reads: the device checks them
+    /// against its own manifest and never asks the host how to read its data.
+    pub descriptors: Vec<FormatDescriptor>,
+    pub plan: Vec<u8>,
+}
+
+impl StagePlanEnvelope {
+    pub fn encode(&self) -> Vec<u8> {
+        let header = serde_json::to_vec(&Header {
+            version: ENVELOPE_VERSION,
+            query_id: self.query_id.clone(),
+            device: self.device,
+            descriptors: self.descriptors.clone(),
+        })
+        .expect("envelope header serializes");
+        let mut out = Vec::with_capacity(8 + header.len() + self.plan.len());
+        out.extend_from_slice(ENVELOPE_MAGIC);
+        out.extend_from_slice(&(header.len() as u32).to_le_bytes());
+        out.extend_from_slice(&header);
+        out.extend_from_slice(&self.plan);
+        out
+    }
+
+    /// Decodes an envelope, enforcing `max_bytes` on the whole message.
+    pub fn decode(bytes: &[u8], max_bytes: usize) -> WireResult<Self> {
+        if bytes.len() > max_bytes {
+            return Err(WireError::PlanTooLarge {
+                size: bytes.len(),
+                max: max_bytes,
+            });
+        }
+        if bytes.len() < 8 || &bytes[..4] != ENVELOPE_MAGIC {
+            return Err(WireError::Envelope(
+                "not a stage plan (bad magic bytes)".into(),
+            ));
+        }
+        let header_len = u32::from_le_bytes(bytes[4..8].try_into().expect("4 bytes")) as usize;
+        let header_end = 8usize
+            .checked_add(header_len)
+            .filter(|end| *end <= bytes.len())
+            .ok_or_else(|| {
+                WireError::Envelope(format!(
+                    "header length {header_len} runs past the end of a {}-byte message",
+                    bytes.len()
+                ))
+            })?;
+        let header: Header = serde_json::from_slice(&bytes[8..header_end])
+            .map_err(|e| WireError::Envelope(format!("malformed header: {e}")))?;
+        if header.version != ENVELOPE_VERSION {
+            return Err(WireError::Envelope(format!(
+                "unknown envelope version {} (this build reads {ENVELOPE_VERSION})",
+                header.version
+            )));
+        }
+        for d in &header.descriptors {
+            d.check_version()?;
+        }
+        Ok(Self {
+            query_id: header.query_id,
+            device: header.device,
+            descriptors: header.descriptors,
+            plan: bytes[header_end..].to_vec(),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample() -> StagePlanEnvelope {
+        StagePlanEnvelope {
+            query_id: "q1".into(),
+            device: 2,
+            descriptors: vec![],
+            plan: vec![1, 2, 3],
+        }
+    }
+
+    #[test]
+    fn round_trips() {
+        let e = sample();
+        assert_eq!(
+            StagePlanEnvelope::decode(&e.encode(), PLAN_BYTES_MAX).unwrap(),
+            e
+        );
+    }
+
+    #[test]
+    fn rejects_garbage_truncation_and_oversize() {
+        let bytes = sample().encode();
+        let err = StagePlanEnvelope::decode(b"garbage!garbage", PLAN_BYTES_MAX).unwrap_err();
+        assert!(err.to_string().contains("bad magic"), "{err}");
+        let err = StagePlanEnvelope::decode(&bytes[..12], PLAN_BYTES_MAX).unwrap_err();
+        assert!(err.to_string().contains("runs past the end"), "{err}");
+        let err = StagePlanEnvelope::decode(&bytes, 10).unwrap_err();
+        assert!(err.to_string().contains("plan_bytes_max=10"), "{err}");
+        for cut in 0..bytes.len() {
+            // Never panics, whatever the prefix.
+            let _ = StagePlanEnvelope::decode(&bytes[..cut], PLAN_BYTES_MAX);
+        }
+    }
+}

@@ -1,0 +1,20 @@
+//! Wire types of insitu.
+//!
+//! Everything that crosses the host/device boundary or is persisted on a
+//! device is defined here, and only here: partition format descriptors
+//! (paper 002's explicit cross-layer format), the per-device manifest, the
+//! stage-plan envelope and device errors. Types are plain data with serde
+//! encodings; no I/O happens in this crate.
+
+pub mod descriptor;
+pub mod envelope;
+pub mod error;
+pub mod manifest;
+
+pub use descriptor::{
+    ColumnStats, Encoding, FieldFormat, FormatDescriptor, LayoutKind, RowGroupStats,
+    DESCRIPTOR_VERSION,
+};
+pub use envelope::{StagePlanEnvelope, ENVELOPE_MAGIC, ENVELOPE_VERSION, PLAN_BYTES_MAX};
+pub use error::{WireError, WireResult};
+pub use manifest::{Manifest, PartitionRef, MANIFEST_FILE, MANIFEST_VERSION};
