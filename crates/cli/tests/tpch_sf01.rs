@@ -10,7 +10,11 @@ async fn check(devices: u32, pushdown: Pushdown) {
     let root = common::tpch_root(0.1, devices);
     let host = common::host(&root, pushdown).await;
     let failures = common::check_all(&host, "tpch-sf0.1").await;
-    assert!(failures.is_empty(), "{devices} devices, {pushdown:?}:\n{}", failures.join("\n"));
+    assert!(
+        failures.is_empty(),
+        "{devices} devices, {pushdown:?}:\n{}",
+        failures.join("\n")
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -18,7 +18,7 @@
 //! its own work over its threads. A fold happens only if the grown stage
 //! encodes and decodes, so a device never receives a plan it cannot run.
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use datafusion::common::tree_node::{Transformed, TreeNode};
 use datafusion::common::Result;
@@ -30,6 +30,7 @@ use datafusion::physical_plan::filter::FilterExec;
 use datafusion::physical_plan::projection::ProjectionExec;
 use datafusion::physical_plan::repartition::RepartitionExec;
 use datafusion::physical_plan::{ChildrenPropertiesMode, ExecutionPlan, ReplaceChildrenOptions};
+use datafusion::prelude::SessionContext;
 use insitu_stage::{decode_stage_unbound, encode_stage};
 
 use crate::scan::DeviceScanExec;
@@ -107,9 +108,12 @@ fn fold(node: Arc<dyn ExecutionPlan>) -> Transformed<Arc<dyn ExecutionPlan>> {
 }
 
 /// Whether a device could decode `stage`: some plans encode but only decode
-/// inside a host-side context (scalar subqueries, for one).
+/// inside a host-side context (scalar subqueries, for one). Devices know
+/// DataFusion's built-in functions, and so does this check.
 fn round_trips(stage: &Arc<dyn ExecutionPlan>) -> bool {
+    static DEVICE_FUNCTIONS: OnceLock<Arc<TaskContext>> = OnceLock::new();
+    let ctx = DEVICE_FUNCTIONS.get_or_init(|| SessionContext::new().task_ctx());
     encode_stage(Arc::clone(stage))
-        .and_then(|bytes| decode_stage_unbound(&bytes, &TaskContext::default()))
+        .and_then(|bytes| decode_stage_unbound(&bytes, ctx))
         .is_ok()
 }
