@@ -4,14 +4,16 @@
 //! hardware has. Throttling is an emulation and is reported as such.
 //!
 //! The throttle is a serial-link model: a transfer of `n` bytes occupies the
-//! link for `n / rate` seconds after the previous transfer finished, with a
-//! small burst allowance so that short messages are not delayed by timer
-//! granularity.
+//! channel for `n / rate` seconds after the previous transfer finished, with
+//! a small burst allowance so that short messages are not delayed by timer
+//! granularity. Links can share a [`Throttle`]: embedded devices share the
+//! host's port, so adding devices does not add host bandwidth (the premise
+//! of near-data processing).
 
 use std::fmt;
 use std::str::FromStr;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::time::Instant;
 
@@ -126,6 +128,37 @@ impl LinkCounters {
 /// the rate before they wait.
 const BURST: Duration = Duration::from_millis(2);
 
+/// The rate limit of a link: a serial channel with a timeline. Several
+/// [`Link`]s may share one throttle, as devices share a host's port.
+#[derive(Debug)]
+pub struct Throttle {
+    bytes_per_sec: Option<f64>,
+    /// When the channel is next free.
+    busy_until: Mutex<Option<Instant>>,
+}
+
+impl Throttle {
+    pub fn new(profile: LinkProfile) -> Self {
+        Self {
+            bytes_per_sec: profile.bytes_per_sec,
+            busy_until: Mutex::new(None),
+        }
+    }
+
+    /// Books `bytes` on the timeline and returns how long the caller must
+    /// wait for the transfer to complete, if longer than the burst.
+    fn reserve(&self, bytes: usize, now: Instant) -> Option<Duration> {
+        let rate = self.bytes_per_sec?;
+        let cost = Duration::from_secs_f64(bytes as f64 / rate);
+        let mut busy = self.busy_until.lock().expect("throttle lock");
+        let start = busy.map_or(now, |b| b.max(now));
+        let done = start + cost;
+        *busy = Some(done);
+        let wait = done.saturating_duration_since(now);
+        (wait > BURST).then_some(wait)
+    }
+}
+
 /// A metered, optionally throttled link between the host and one device.
 #[derive(Debug)]
 pub struct Link {
@@ -133,18 +166,23 @@ pub struct Link {
     to_device: AtomicU64,
     to_host: AtomicU64,
     messages: AtomicU64,
-    /// When the link is next free, for the serial-link throttle.
-    busy_until: Mutex<Option<Instant>>,
+    throttle: Arc<Throttle>,
 }
 
 impl Link {
+    /// A link with a throttle of its own.
     pub fn new(profile: LinkProfile) -> Self {
+        Self::sharing(profile, Arc::new(Throttle::new(profile)))
+    }
+
+    /// A link whose bandwidth is `throttle`'s, shared with other links.
+    pub fn sharing(profile: LinkProfile, throttle: Arc<Throttle>) -> Self {
         Self {
             profile,
             to_device: AtomicU64::new(0),
             to_host: AtomicU64::new(0),
             messages: AtomicU64::new(0),
-            busy_until: Mutex::new(None),
+            throttle,
         }
     }
 
@@ -153,7 +191,7 @@ impl Link {
     }
 
     /// Counts `bytes` crossing the link and waits as long as the link's rate
-    /// demands. Both directions share one serial link.
+    /// demands. Both directions share one serial channel.
     pub async fn transfer(&self, direction: Direction, bytes: usize) {
         let counter = match direction {
             Direction::HostToDevice => &self.to_device,
@@ -161,22 +199,9 @@ impl Link {
         };
         counter.fetch_add(bytes as u64, Ordering::Relaxed);
         self.messages.fetch_add(1, Ordering::Relaxed);
-        if let Some(wait) = self.reserve(bytes, Instant::now()) {
+        if let Some(wait) = self.throttle.reserve(bytes, Instant::now()) {
             tokio::time::sleep(wait).await;
         }
-    }
-
-    /// Books `bytes` on the link's timeline and returns how long the caller
-    /// must wait for the transfer to complete, if longer than the burst.
-    fn reserve(&self, bytes: usize, now: Instant) -> Option<Duration> {
-        let rate = self.profile.bytes_per_sec?;
-        let cost = Duration::from_secs_f64(bytes as f64 / rate);
-        let mut busy = self.busy_until.lock().expect("link lock");
-        let start = busy.map_or(now, |b| b.max(now));
-        let done = start + cost;
-        *busy = Some(done);
-        let wait = done.saturating_duration_since(now);
-        (wait > BURST).then_some(wait)
     }
 
     pub fn counters(&self) -> LinkCounters {
@@ -235,7 +260,29 @@ mod tests {
 
     #[test]
     fn unlimited_never_waits() {
-        let link = Link::new(LinkProfile::UNLIMITED);
-        assert_eq!(link.reserve(usize::MAX / 2, Instant::now()), None);
+        let throttle = Throttle::new(LinkProfile::UNLIMITED);
+        assert_eq!(throttle.reserve(usize::MAX / 2, Instant::now()), None);
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn links_sharing_a_throttle_share_its_bandwidth() {
+        let profile: LinkProfile = "1000000".parse().unwrap(); // 1 MB/s
+        let port = Arc::new(Throttle::new(profile));
+        let (a, b) = (
+            Link::sharing(profile, port.clone()),
+            Link::sharing(profile, port),
+        );
+        let start = Instant::now();
+        tokio::join!(
+            a.transfer(Direction::DeviceToHost, 40_000),
+            b.transfer(Direction::DeviceToHost, 40_000)
+        );
+        // Alone each would take 40 ms; sharing, the second finishes at 80 ms.
+        let elapsed = start.elapsed();
+        assert!(elapsed >= Duration::from_millis(78), "{elapsed:?}");
+        assert_eq!(
+            a.counters().bytes_to_host + b.counters().bytes_to_host,
+            80_000
+        );
     }
 }
