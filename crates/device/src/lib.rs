@@ -257,7 +257,8 @@ impl Device {
                     format!("holds no partition {} of table {}", d.partition, d.table),
                 )
             })?;
-            if local.crc32 != d.crc32 || local.byte_size != d.byte_size {
+            if local.crc32 != d.crc32 || local.byte_size != d.byte_size || local.fields != d.fields
+            {
                 return Err(self.err(
                     DeviceErrorKind::Corrupt,
                     format!(

@@ -125,15 +125,19 @@ impl DeviceClient for EmbeddedClient {
     }
 }
 
-/// Wraps in-process devices as clients, each behind its own link.
+/// Wraps in-process devices as clients. Each has its own metered link, and
+/// all links share one throttle of `profile`'s rate: the host's port, whose
+/// bandwidth does not grow with the number of devices.
 pub fn embedded_clients(
     devices: Vec<Arc<Device>>,
     profile: insitu_link::LinkProfile,
 ) -> Vec<Arc<dyn DeviceClient>> {
+    let host_port = Arc::new(insitu_link::Throttle::new(profile));
     devices
         .into_iter()
         .map(|d| {
-            Arc::new(EmbeddedClient::new(d, Arc::new(Link::new(profile)))) as Arc<dyn DeviceClient>
+            let link = Link::sharing(profile, Arc::clone(&host_port));
+            Arc::new(EmbeddedClient::new(d, Arc::new(link))) as Arc<dyn DeviceClient>
         })
         .collect()
 }

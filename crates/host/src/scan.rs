@@ -93,7 +93,7 @@ impl DeviceScanExec {
         Ok(StagePlanEnvelope {
             query_id: query_id.to_string(),
             device: share.client.id(),
-            descriptors: share.descriptors.clone(),
+            descriptors: share.descriptors.iter().map(|d| d.format_only()).collect(),
             plan,
         }
         .encode())

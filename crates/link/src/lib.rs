@@ -197,11 +197,13 @@ impl Link {
             Direction::HostToDevice => &self.to_device,
             Direction::DeviceToHost => &self.to_host,
         };
-        counter.fetch_add(bytes as u64, Ordering::Relaxed);
-        self.messages.fetch_add(1, Ordering::Relaxed);
         if let Some(wait) = self.throttle.reserve(bytes, Instant::now()) {
             tokio::time::sleep(wait).await;
         }
+        // Counted on arrival: a transfer its receiver gave up on never arrived
+        // (its time on the channel stays booked, as on a real link).
+        counter.fetch_add(bytes as u64, Ordering::Relaxed);
+        self.messages.fetch_add(1, Ordering::Relaxed);
     }
 
     pub fn counters(&self) -> LinkCounters {
@@ -284,5 +286,36 @@ mod tests {
             a.counters().bytes_to_host + b.counters().bytes_to_host,
             80_000
         );
+    }
+}
+
+#[cfg(test)]
+mod concurrency_tests {
+    use super::*;
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn many_concurrent_transfers_respect_the_rate() {
+        let profile: LinkProfile = "5MB/s".parse().unwrap();
+        let port = Arc::new(Throttle::new(profile));
+        let links: Vec<_> = (0..4)
+            .map(|_| Arc::new(Link::sharing(profile, port.clone())))
+            .collect();
+        let start = Instant::now();
+        let mut tasks = vec![];
+        for (i, l) in links.iter().enumerate() {
+            let l = l.clone();
+            tasks.push(tokio::spawn(async move {
+                for _ in 0..10 {
+                    l.transfer(Direction::DeviceToHost, 10_000 + i * 1000).await;
+                }
+            }));
+        }
+        for t in tasks {
+            t.await.unwrap();
+        }
+        let total: u64 = links.iter().map(|l| l.counters().bytes_to_host).sum();
+        let elapsed = start.elapsed().as_secs_f64();
+        let expected = total as f64 / 5e6;
+        assert!(elapsed >= expected * 0.98, "{elapsed} < {expected}");
     }
 }

@@ -87,6 +87,18 @@ pub struct FormatDescriptor {
 }
 
 impl FormatDescriptor {
+    /// The descriptor without per-row-group statistics: what travels with a
+    /// stage plan. The format (schema, field formats, layout, encodings),
+    /// identity and checksum go along; a device prunes with the statistics
+    /// in its own manifest, so shipping them again would only cost link
+    /// bytes (at SF 10 they were most of a Q6 pushdown's traffic).
+    pub fn format_only(&self) -> Self {
+        Self {
+            row_groups: vec![],
+            ..self.clone()
+        }
+    }
+
     /// Rejects descriptors written by an unknown format version.
     pub fn check_version(&self) -> WireResult<()> {
         if self.version != DESCRIPTOR_VERSION {
