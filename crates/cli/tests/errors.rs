@@ -225,3 +225,22 @@ fn gen_refuses_to_overwrite_without_replace() {
     assert!(!ok);
     assert_contains(&err, &["already holds 3 devices"]);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unknown_descriptor_version_names_device_table_and_partition() {
+    let (_dir, root) = scratch_root();
+    let manifest = root.join("dev1/manifest.json");
+    let text = std::fs::read_to_string(&manifest).expect("manifest");
+    let mut doc: serde_json::Value = serde_json::from_str(&text).expect("json");
+    doc["tables"]["lineitem"][0]["version"] = serde_json::json!(99);
+    std::fs::write(&manifest, serde_json::to_vec(&doc).expect("json")).expect("write");
+    let e = error_of(host_with(&root, DeviceBudget::default()).await);
+    assert_contains(
+        &e,
+        &[
+            "device 1",
+            "table lineitem partition 1",
+            "unknown version 99",
+        ],
+    );
+}
