@@ -3,7 +3,6 @@
 mod common;
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
 use insitu_device::root::{create_root, open_root, DeviceBudget};
 use insitu_host::{embedded_clients, HostConfig, InsituHost, Pushdown};
@@ -158,32 +157,20 @@ async fn memory_budget_too_small_is_resources_exhausted_naming_the_device() {
     assert_contains(&e, &["device", "mem_bytes_max=4096 bytes"]);
 }
 
-fn insitu(args: &[&str]) -> (bool, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_insitu"))
-        .args(args)
-        .output()
-        .expect("run insitu");
-    (
-        out.status.success(),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
-}
-
 #[test]
 fn cli_reports_errors_and_exits_nonzero() {
     let root = common::tpch_root(0.01, 3);
     let root = root.to_str().expect("utf-8 path");
-    let (ok, _, err) = insitu(&["sql", "select * from nope", "--root", root]);
+    let (ok, _, err) = common::insitu(&["sql", "select * from nope", "--root", root]);
     assert!(!ok);
     assert_contains(&err, &["error:", "nope"]);
-    let (ok, _, err) = insitu(&["sql", "select 1", "--root", root, "--link", "warp9"]);
+    let (ok, _, err) = common::insitu(&["sql", "select 1", "--root", root, "--link", "warp9"]);
     assert!(!ok);
     assert_contains(&err, &["unknown link profile 'warp9'"]);
-    let (ok, _, err) = insitu(&["sql", "select 1", "--root", "/nonexistent/insitu"]);
+    let (ok, _, err) = common::insitu(&["sql", "select 1", "--root", "/nonexistent/insitu"]);
     assert!(!ok);
     assert_contains(&err, &["/nonexistent/insitu", "not a data root"]);
-    let (ok, out, err) = insitu(&[
+    let (ok, out, err) = common::insitu(&[
         "sql",
         "select count(*) as n from nation",
         "--root",
@@ -200,7 +187,7 @@ fn cli_reports_errors_and_exits_nonzero() {
 fn gen_refuses_to_overwrite_without_replace() {
     let (_dir, root) = scratch_root();
     let root = root.to_str().expect("utf-8 path");
-    let (ok, _, err) = insitu(&[
+    let (ok, _, err) = common::insitu(&[
         "gen",
         "tpch",
         "--sf",
@@ -212,7 +199,7 @@ fn gen_refuses_to_overwrite_without_replace() {
     ]);
     assert!(!ok);
     assert_contains(&err, &["table lineitem already exists", "--replace"]);
-    let (ok, _, err) = insitu(&[
+    let (ok, _, err) = common::insitu(&[
         "gen",
         "tpch",
         "--sf",

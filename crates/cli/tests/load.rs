@@ -4,19 +4,6 @@
 mod common;
 
 use std::path::Path;
-use std::process::Command;
-
-fn insitu(args: &[&str]) -> (bool, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_insitu"))
-        .args(args)
-        .output()
-        .expect("run insitu");
-    (
-        out.status.success(),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
-}
 
 fn write_csv(path: &Path, rows: std::ops::Range<i64>) {
     let mut text = String::from("id,name,score\n");
@@ -39,7 +26,7 @@ fn loads_csv_files_across_devices_and_answers_like_a_reference() {
     write_csv(&b, 30_000..50_001);
     let root = dir.path().join("root");
     let root_s = root.to_str().expect("utf-8");
-    let (ok, _, err) = insitu(&[
+    let (ok, _, err) = common::insitu(&[
         "load",
         "--table",
         "scores",
@@ -59,7 +46,7 @@ fn loads_csv_files_across_devices_and_answers_like_a_reference() {
     let expected_sum: i64 = (0..n).sum();
     let sql = "select count(*) as n, sum(id) as s, count(distinct name) as names, min(score) as lo from scores where id >= 0";
     for pushdown in ["on", "off"] {
-        let (ok, out, err) = insitu(&[
+        let (ok, out, err) = common::insitu(&[
             "sql",
             sql,
             "--root",
@@ -78,7 +65,7 @@ fn loads_csv_files_across_devices_and_answers_like_a_reference() {
         );
     }
     // Loading again is refused unless --replace.
-    let (ok, _, err) = insitu(&[
+    let (ok, _, err) = common::insitu(&[
         "load",
         "--table",
         "scores",
@@ -93,7 +80,7 @@ fn loads_csv_files_across_devices_and_answers_like_a_reference() {
         err.contains("table scores already exists") && err.contains("--replace"),
         "{err}"
     );
-    let (ok, _, err) = insitu(&[
+    let (ok, _, err) = common::insitu(&[
         "load",
         "--table",
         "scores",
@@ -105,7 +92,7 @@ fn loads_csv_files_across_devices_and_answers_like_a_reference() {
         a.to_str().expect("utf-8"),
     ]);
     assert!(ok, "{err}");
-    let (_, out, _) = insitu(&[
+    let (_, out, _) = common::insitu(&[
         "sql",
         "select count(*) as n from scores",
         "--root",
@@ -125,7 +112,7 @@ fn a_bad_file_leaves_no_table_behind() {
     std::fs::write(&bad, "other,columns\n1,2\n").expect("csv");
     let root = dir.path().join("root");
     let root_s = root.to_str().expect("utf-8");
-    let (ok, _, err) = insitu(&[
+    let (ok, _, err) = common::insitu(&[
         "load",
         "--table",
         "t",
@@ -141,7 +128,7 @@ fn a_bad_file_leaves_no_table_behind() {
         err.contains("bad.csv") && err.contains("schema differs"),
         "{err}"
     );
-    let (ok, _, err) = insitu(&["sql", "select * from t", "--root", root_s]);
+    let (ok, _, err) = common::insitu(&["sql", "select * from t", "--root", root_s]);
     assert!(!ok);
     assert!(err.contains("not found"), "{err}");
     for dev in 0..2 {
@@ -151,7 +138,7 @@ fn a_bad_file_leaves_no_table_behind() {
             .unwrap_or_default();
         assert!(leftovers.is_empty(), "dev{dev} keeps {leftovers:?}");
     }
-    let (ok, _, err) = insitu(&[
+    let (ok, _, err) = common::insitu(&[
         "load",
         "--table",
         "u",

@@ -274,3 +274,16 @@ pub async fn check_all(host: &InsituHost, dir: &str) -> Vec<String> {
     }
     failures
 }
+
+/// Runs the `insitu` binary; returns (success, stdout, stderr).
+pub fn insitu(args: &[&str]) -> (bool, String, String) {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_insitu"))
+        .args(args)
+        .output()
+        .expect("run insitu");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
