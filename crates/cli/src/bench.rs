@@ -272,20 +272,17 @@ pub async fn run(a: BenchArgs) -> Result<(), String> {
     let json_path = a.out.join(format!("{stem}.json"));
     let md_path = a.out.join(format!("{stem}.md"));
     let json = serde_json::to_vec_pretty(&report).map_err(|e| e.to_string())?;
-    insitu_format_write(&json_path, &json)?;
+    write_atomically(&json_path, &json)?;
     let md = format!(
         "# TPC-H SF {} on {} devices, link {}\n\nMedians of {} runs; throttled links are emulated.\n\n{}",
         a.sf, a.devices, a.link, a.runs, markdown_table(&results)
     );
-    insitu_format_write(&md_path, md.as_bytes())?;
+    write_atomically(&md_path, md.as_bytes())?;
     println!("{md}");
     eprintln!("wrote {} and {}", json_path.display(), md_path.display());
     Ok(())
 }
 
-fn insitu_format_write(path: &std::path::Path, bytes: &[u8]) -> Result<(), String> {
-    let tmp = path.with_extension("tmp");
-    std::fs::write(&tmp, bytes)
-        .and_then(|_| std::fs::rename(&tmp, path))
-        .map_err(|e| format!("{}: {e}", path.display()))
+fn write_atomically(path: &std::path::Path, bytes: &[u8]) -> Result<(), String> {
+    insitu_format::write_atomically(path, bytes).map_err(|e| e.to_string())
 }

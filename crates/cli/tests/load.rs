@@ -18,6 +18,22 @@ fn write_csv(path: &Path, rows: std::ops::Range<i64>) {
     std::fs::write(path, text).expect("csv");
 }
 
+/// Runs `insitu load --table TABLE --devices N --root ROOT ARGS...`.
+fn load(table: &str, devices: u32, root: &str, args: &[&str]) -> (bool, String, String) {
+    let devices = devices.to_string();
+    let mut all = vec![
+        "load",
+        "--table",
+        table,
+        "--devices",
+        &devices,
+        "--root",
+        root,
+    ];
+    all.extend_from_slice(args);
+    common::insitu(&all)
+}
+
 #[test]
 fn loads_csv_files_across_devices_and_answers_like_a_reference() {
     let dir = tempfile::tempdir().expect("tempdir");
@@ -26,17 +42,12 @@ fn loads_csv_files_across_devices_and_answers_like_a_reference() {
     write_csv(&b, 30_000..50_001);
     let root = dir.path().join("root");
     let root_s = root.to_str().expect("utf-8");
-    let (ok, _, err) = common::insitu(&[
-        "load",
-        "--table",
+    let (ok, _, err) = load(
         "scores",
-        "--devices",
-        "3",
-        "--root",
+        3,
         root_s,
-        a.to_str().expect("utf-8"),
-        b.to_str().expect("utf-8"),
-    ]);
+        &[a.to_str().expect("utf-8"), b.to_str().expect("utf-8")],
+    );
     assert!(ok, "{err}");
     assert!(err.contains("loaded 50001 rows"), "{err}");
     for dev in 0..3 {
@@ -65,32 +76,18 @@ fn loads_csv_files_across_devices_and_answers_like_a_reference() {
         );
     }
     // Loading again is refused unless --replace.
-    let (ok, _, err) = common::insitu(&[
-        "load",
-        "--table",
-        "scores",
-        "--devices",
-        "3",
-        "--root",
-        root_s,
-        a.to_str().expect("utf-8"),
-    ]);
+    let (ok, _, err) = load("scores", 3, root_s, &[a.to_str().expect("utf-8")]);
     assert!(!ok);
     assert!(
         err.contains("table scores already exists") && err.contains("--replace"),
         "{err}"
     );
-    let (ok, _, err) = common::insitu(&[
-        "load",
-        "--table",
+    let (ok, _, err) = load(
         "scores",
-        "--devices",
-        "3",
-        "--root",
+        3,
         root_s,
-        "--replace",
-        a.to_str().expect("utf-8"),
-    ]);
+        &["--replace", a.to_str().expect("utf-8")],
+    );
     assert!(ok, "{err}");
     let (_, out, _) = common::insitu(&[
         "sql",
@@ -112,17 +109,12 @@ fn a_bad_file_leaves_no_table_behind() {
     std::fs::write(&bad, "other,columns\n1,2\n").expect("csv");
     let root = dir.path().join("root");
     let root_s = root.to_str().expect("utf-8");
-    let (ok, _, err) = common::insitu(&[
-        "load",
-        "--table",
+    let (ok, _, err) = load(
         "t",
-        "--devices",
-        "2",
-        "--root",
+        2,
         root_s,
-        good.to_str().expect("utf-8"),
-        bad.to_str().expect("utf-8"),
-    ]);
+        &[good.to_str().expect("utf-8"), bad.to_str().expect("utf-8")],
+    );
     assert!(!ok);
     assert!(
         err.contains("bad.csv") && err.contains("schema differs"),
@@ -138,16 +130,7 @@ fn a_bad_file_leaves_no_table_behind() {
             .unwrap_or_default();
         assert!(leftovers.is_empty(), "dev{dev} keeps {leftovers:?}");
     }
-    let (ok, _, err) = common::insitu(&[
-        "load",
-        "--table",
-        "u",
-        "--devices",
-        "2",
-        "--root",
-        root_s,
-        "/no/such/file.parquet",
-    ]);
+    let (ok, _, err) = load("u", 2, root_s, &["/no/such/file.parquet"]);
     assert!(!ok);
     assert!(err.contains("/no/such/file.parquet"), "{err}");
 }
