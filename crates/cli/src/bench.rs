@@ -11,10 +11,11 @@ use insitu_host::{InsituHost, QueryStats};
 use insitu_link::LinkProfile;
 use serde::Serialize;
 
-use crate::session::{budget, gen_tpch_into, host_over};
+use crate::session::{budget, connect_cluster, gen_tpch_into, gen_tpch_onto, host_with, Target};
 use crate::tpch_queries::{parse_list, query};
 use crate::units::human_bytes;
 use crate::DeviceArgs;
+use insitu_host::DeviceClient;
 
 #[derive(Args, Debug)]
 pub struct BenchArgs {
@@ -46,6 +47,10 @@ pub struct BenchArgs {
     /// Worker threads per device.
     #[arg(long, default_value_t = 2)]
     pub threads: usize,
+    /// Run on the device servers of this cluster file (TPC-H is generated
+    /// over Flight if absent) instead of embedded devices under --root.
+    #[arg(long, conflicts_with = "root")]
+    pub cluster: Option<PathBuf>,
 }
 
 /// One mode's measurements of one query.
@@ -57,6 +62,10 @@ pub struct ModeResult {
     pub device_bytes_read: u64,
     pub device_rows_read: u64,
     pub result_rows: u64,
+    /// Bytes that crossed the loopback interface during the last run
+    /// (device servers on this machine only; includes TCP/IP headers).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub loopback_bytes: Option<u64>,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -78,6 +87,8 @@ struct Report {
     devices: u32,
     link: String,
     link_throttled: bool,
+    /// "embedded", or the cluster file the devices were served from.
+    transport: String,
     runs: usize,
     host_threads: usize,
     device_threads: usize,
@@ -125,48 +136,77 @@ fn fingerprint(batches: &[arrow::record_batch::RecordBatch]) -> Vec<String> {
     rows
 }
 
-async fn run_once(host: &InsituHost, sql: &str) -> Result<(QueryStats, Vec<String>), String> {
+/// Bytes received on the loopback interface so far (Linux), for the real
+/// wire cost of device servers on this machine.
+fn loopback_bytes() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/net/dev").ok()?;
+    let line = text.lines().find(|l| l.trim_start().starts_with("lo:"))?;
+    line.split_once(':')?
+        .1
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()
+}
+
+struct Run {
+    stats: QueryStats,
+    rows: Vec<String>,
+    loopback_bytes: Option<u64>,
+}
+
+async fn run_once(host: &InsituHost, sql: &str) -> Result<Run, String> {
+    let before = loopback_bytes();
     let outcome = host.sql(sql).await.map_err(|e| e.to_string())?;
-    Ok((outcome.stats, fingerprint(&outcome.batches)))
+    let after = loopback_bytes();
+    Ok(Run {
+        stats: outcome.stats,
+        rows: fingerprint(&outcome.batches),
+        loopback_bytes: before.zip(after).map(|(b, a)| a.saturating_sub(b)),
+    })
 }
 
 /// Runs `queries` in both modes, alternating, `runs` timed runs each.
 pub async fn compare(
-    devices: &[Arc<Device>],
+    target: &Target,
     link: LinkProfile,
     queries: &[usize],
     runs: usize,
     mut on_result: impl FnMut(&QueryResult),
 ) -> Result<Vec<QueryResult>, String> {
-    let push = host_over(devices.to_vec(), link, true).await?;
-    let pull = host_over(devices.to_vec(), link, false).await?;
+    let push = host_with(target.clients(Some(link)).await?, true).await?;
+    let pull = host_with(target.clients(Some(link)).await?, false).await?;
+    let over_network = matches!(target, Target::Cluster(_));
     let mut results = vec![];
     for &q in queries {
         let sql = query(q).ok_or_else(|| format!("no TPC-H query {q}"))?;
-        let (_, push_rows) = run_once(&push, sql)
+        let push_rows = run_once(&push, sql)
             .await
-            .map_err(|e| format!("Q{q} pushdown on: {e}"))?;
-        let (_, pull_rows) = run_once(&pull, sql)
+            .map_err(|e| format!("Q{q} pushdown on: {e}"))?
+            .rows;
+        let pull_rows = run_once(&pull, sql)
             .await
-            .map_err(|e| format!("Q{q} pushdown off: {e}"))?;
-        let (mut push_stats, mut pull_stats) = (vec![], vec![]);
+            .map_err(|e| format!("Q{q} pushdown off: {e}"))?
+            .rows;
+        let (mut push_runs, mut pull_runs) = (vec![], vec![]);
         for _ in 0..runs.max(1) {
-            push_stats.push(run_once(&push, sql).await?.0);
-            pull_stats.push(run_once(&pull, sql).await?.0);
+            push_runs.push(run_once(&push, sql).await?);
+            pull_runs.push(run_once(&pull, sql).await?);
         }
-        let summarize = |stats: &[QueryStats]| {
-            let times: Vec<f64> = stats.iter().map(|s| s.wall_secs).collect();
-            let last = stats.last().cloned().unwrap_or_default();
+        let summarize = |runs: &[Run]| {
+            let times: Vec<f64> = runs.iter().map(|r| r.stats.wall_secs).collect();
+            let last = runs.last().expect("at least one run");
             ModeResult {
                 median_secs: median(&times),
                 runs_secs: times,
-                link_bytes: last.link_bytes(),
-                device_bytes_read: last.device_bytes_read,
-                device_rows_read: last.device_rows_read,
-                result_rows: last.result_rows,
+                link_bytes: last.stats.link_bytes(),
+                device_bytes_read: last.stats.device_bytes_read,
+                device_rows_read: last.stats.device_rows_read,
+                result_rows: last.stats.result_rows,
+                loopback_bytes: last.loopback_bytes.filter(|_| over_network),
             }
         };
-        let (p, l) = (summarize(&push_stats), summarize(&pull_stats));
+        let (p, l) = (summarize(&push_runs), summarize(&pull_runs));
         let result = QueryResult {
             query: q,
             speedup: l.median_secs / p.median_secs,
@@ -228,23 +268,84 @@ pub fn tpch_devices(
     gen_tpch_into(root, &budget(args), sf, devices, 1, true)
 }
 
+/// Connects to a cluster, generating TPC-H over Flight if it holds none.
+pub async fn tpch_cluster(path: &std::path::Path, sf: f64) -> Result<Target, String> {
+    let clients = connect_cluster(path, None).await?;
+    let mut have = true;
+    for c in &clients {
+        let manifest = c.manifest().await.map_err(|e| e.to_string())?;
+        have &= manifest.tables.contains_key("lineitem");
+    }
+    if !have {
+        eprintln!(
+            "generating TPC-H SF {sf} on the devices of {}",
+            path.display()
+        );
+        tokio::task::spawn_blocking(move || gen_tpch_onto(&clients, sf, 1, true))
+            .await
+            .map_err(|e| e.to_string())??;
+    }
+    Ok(Target::Cluster(path.to_path_buf()))
+}
+
 pub async fn run(a: BenchArgs) -> Result<(), String> {
     let queries = parse_list(&a.queries)?;
+    if let Some(cluster) = &a.cluster {
+        let target = tpch_cluster(cluster, a.sf).await?;
+        let devices = match &target {
+            Target::Cluster(p) => insitu_flight::ClusterFile::load(p)
+                .map_err(|e| e.to_string())?
+                .devices
+                .len() as u32,
+            Target::Embedded(d) => d.len() as u32,
+        };
+        return report(
+            &a,
+            &queries,
+            &target,
+            devices,
+            &cluster.display().to_string(),
+        )
+        .await;
+    }
     let root = a.root.clone().unwrap_or_else(|| {
         crate::session::default_root()
             .with_file_name(format!("bench-tpch-sf{}-{}dev", a.sf, a.devices))
     });
     let dargs = DeviceArgs {
         root: root.clone(),
+        cluster: None,
         mem: a.mem,
         threads: a.threads,
     };
     let devices = tpch_devices(&root, &dargs, a.sf, a.devices)?;
+    let target = Target::Embedded(devices);
+    report(
+        &a,
+        &queries,
+        &target,
+        a.devices,
+        &root.display().to_string(),
+    )
+    .await
+}
+
+async fn report(
+    a: &BenchArgs,
+    queries: &[usize],
+    target: &Target,
+    devices: u32,
+    location: &str,
+) -> Result<(), String> {
+    let transport = match target {
+        Target::Embedded(_) => "embedded",
+        Target::Cluster(_) => "flight",
+    };
     eprintln!(
-        "link {} | {} devices x {} threads | {} timed runs per query and mode",
-        a.link, a.devices, a.threads, a.runs
+        "link {} | {devices} {transport} devices | {} timed runs per query and mode",
+        a.link, a.runs
     );
-    let results = compare(&devices, a.link, &queries, a.runs, |r| {
+    let results = compare(target, a.link, queries, a.runs, |r| {
         eprintln!(
             "Q{:<2} push {:.3}s pull {:.3}s speedup {:.2}x link {} vs {}",
             r.query,
@@ -258,24 +359,28 @@ pub async fn run(a: BenchArgs) -> Result<(), String> {
     .await?;
     let report = Report {
         scale_factor: a.sf,
-        devices: a.devices,
+        devices,
         link: a.link.to_string(),
         link_throttled: a.link.is_throttled(),
+        transport: transport.to_string(),
         runs: a.runs,
         host_threads: std::thread::available_parallelism().map_or(1, |n| n.get()),
         device_threads: a.threads,
-        root: root.display().to_string(),
+        root: location.to_string(),
         queries: results.clone(),
     };
     std::fs::create_dir_all(&a.out).map_err(|e| format!("{}: {e}", a.out.display()))?;
-    let stem = format!("tpch-sf{}-{}dev-{}", a.sf, a.devices, a.link.name);
+    let stem = match target {
+        Target::Embedded(_) => format!("tpch-sf{}-{devices}dev-{}", a.sf, a.link.name),
+        Target::Cluster(_) => format!("tpch-sf{}-{devices}dev-flight-{}", a.sf, a.link.name),
+    };
     let json_path = a.out.join(format!("{stem}.json"));
     let md_path = a.out.join(format!("{stem}.md"));
     let json = serde_json::to_vec_pretty(&report).map_err(|e| e.to_string())?;
     write_atomically(&json_path, &json)?;
     let md = format!(
-        "# TPC-H SF {} on {} devices, link {}\n\nMedians of {} runs; throttled links are emulated.\n\n{}",
-        a.sf, a.devices, a.link, a.runs, markdown_table(&results)
+        "# TPC-H SF {} on {devices} {transport} devices, link {}\n\nMedians of {} runs; throttled links are emulated.\n\n{}",
+        a.sf, a.link, a.runs, markdown_table(&results)
     );
     write_atomically(&md_path, md.as_bytes())?;
     println!("{md}");
@@ -285,4 +390,126 @@ pub async fn run(a: BenchArgs) -> Result<(), String> {
 
 fn write_atomically(path: &std::path::Path, bytes: &[u8]) -> Result<(), String> {
     insitu_format::write_atomically(path, bytes).map_err(|e| e.to_string())
+}
+
+#[derive(Args, Debug)]
+pub struct LoadArgs {
+    /// Cluster file of the device servers under load.
+    #[arg(long)]
+    pub cluster: PathBuf,
+    /// Concurrent clients, each with its own host session and connections.
+    #[arg(long, default_value_t = 8)]
+    pub clients: usize,
+    /// Seconds to run.
+    #[arg(long, default_value_t = 30.0)]
+    pub secs: f64,
+    /// TPC-H queries the clients cycle through, each from a different start.
+    #[arg(long, default_value = "1,3,5,6,10,12,14,19")]
+    pub queries: String,
+}
+
+#[derive(Debug, Serialize)]
+struct LoadReport {
+    clients: usize,
+    secs: f64,
+    queries_ok: u64,
+    errors: Vec<String>,
+    queries_per_sec: f64,
+    latency_p50_secs: f64,
+    latency_p95_secs: f64,
+    devices: Vec<insitu_wire::DeviceStats>,
+    memory_within_budget: bool,
+}
+
+fn percentile(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    sorted[((sorted.len() - 1) as f64 * p).round() as usize]
+}
+
+/// `insitu bench load`: clients running TPC-H queries against a cluster for
+/// a fixed time; fails on any error or a device over its memory budget.
+pub async fn load(a: LoadArgs) -> Result<(), String> {
+    let queries = parse_list(&a.queries)?;
+    let target = Target::Cluster(a.cluster.clone());
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs_f64(a.secs);
+    let mut tasks = vec![];
+    for client in 0..a.clients.max(1) {
+        let host = host_with(target.clients(None).await?, true).await?;
+        let queries = queries.clone();
+        tasks.push(tokio::spawn(async move {
+            let (mut latencies, mut errors) = (vec![], vec![]);
+            let mut i = client;
+            while std::time::Instant::now() < deadline {
+                let q = queries[i % queries.len()];
+                i += 1;
+                let started = std::time::Instant::now();
+                match host.sql(query(q).expect("known query")).await {
+                    Ok(_) => latencies.push(started.elapsed().as_secs_f64()),
+                    Err(e) => errors.push(format!("client {client} Q{q}: {e}")),
+                }
+            }
+            (latencies, errors)
+        }));
+    }
+    let started = std::time::Instant::now();
+    let (mut latencies, mut errors) = (vec![], vec![]);
+    for t in tasks {
+        let (l, e) = t.await.map_err(|e| e.to_string())?;
+        latencies.extend(l);
+        errors.extend(e);
+    }
+    let elapsed = started.elapsed().as_secs_f64();
+    latencies.sort_by(f64::total_cmp);
+    let mut devices = vec![];
+    for c in target.clients(None).await? {
+        devices.push(c.stats().await.map_err(|e| e.to_string())?);
+    }
+    let report = LoadReport {
+        clients: a.clients,
+        secs: elapsed,
+        queries_ok: latencies.len() as u64,
+        queries_per_sec: latencies.len() as f64 / elapsed,
+        latency_p50_secs: percentile(&latencies, 0.5),
+        latency_p95_secs: percentile(&latencies, 0.95),
+        memory_within_budget: devices.iter().all(|d| d.mem_peak_bytes <= d.mem_bytes_max),
+        devices,
+        errors,
+    };
+    eprintln!(
+        "{} clients, {:.1} s: {} queries ok, {} errors, {:.2} queries/s, latency p50 {:.3} s p95 {:.3} s",
+        report.clients,
+        report.secs,
+        report.queries_ok,
+        report.errors.len(),
+        report.queries_per_sec,
+        report.latency_p50_secs,
+        report.latency_p95_secs
+    );
+    for d in &report.devices {
+        eprintln!(
+            "device {}: memory peak {} of {} budget, {} stages ok, {} failed, {} cancelled",
+            d.device_id,
+            human_bytes(d.mem_peak_bytes),
+            human_bytes(d.mem_bytes_max),
+            d.stages_ok,
+            d.stages_failed,
+            d.stages_cancelled
+        );
+    }
+    println!(
+        "{}",
+        serde_json::to_string_pretty(&report).map_err(|e| e.to_string())?
+    );
+    if let Some(first) = report.errors.first() {
+        return Err(format!(
+            "{} queries failed; first: {first}",
+            report.errors.len()
+        ));
+    }
+    if !report.memory_within_budget {
+        return Err("a device exceeded its memory budget".into());
+    }
+    Ok(())
 }

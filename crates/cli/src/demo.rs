@@ -1,26 +1,37 @@
 //! `insitu demo`: TPC-H SF1 on 4 embedded devices, pushdown vs pull.
 
-use crate::bench::{compare, markdown_table, tpch_devices};
+use crate::bench::{compare, markdown_table, tpch_cluster, tpch_devices};
+use crate::session::Target;
 use crate::{DemoArgs, DeviceArgs};
 
 /// Queries the demo runs.
 pub const DEMO_QUERIES: [usize; 5] = [1, 3, 6, 12, 14];
 
 pub async fn run(a: DemoArgs) -> Result<(), String> {
-    let dargs = DeviceArgs {
-        root: a.root.clone(),
-        mem: 4 << 30,
-        threads: 2,
+    let (target, location) = match &a.cluster {
+        Some(cluster) => (
+            tpch_cluster(cluster, a.sf).await?,
+            format!("device servers of {}", cluster.display()),
+        ),
+        None => {
+            let dargs = DeviceArgs {
+                root: a.root.clone(),
+                cluster: None,
+                mem: 4 << 30,
+                threads: 2,
+            };
+            let devices = tpch_devices(&a.root, &dargs, a.sf, a.devices)?;
+            (
+                Target::Embedded(devices),
+                format!("{} embedded devices under {}", a.devices, a.root.display()),
+            )
+        }
     };
-    let devices = tpch_devices(&a.root, &dargs, a.sf, a.devices)?;
     eprintln!(
-        "TPC-H SF {} on {} devices ({}), link {}: each query once with pushdown on and off",
-        a.sf,
-        a.devices,
-        a.root.display(),
-        a.link
+        "TPC-H SF {} on {location}, link {}: each query once with pushdown on and off",
+        a.sf, a.link
     );
-    let results = compare(&devices, a.link, &DEMO_QUERIES, 1, |r| {
+    let results = compare(&target, a.link, &DEMO_QUERIES, 1, |r| {
         eprintln!(
             "Q{} done: {:.2}x faster with pushdown, {:.0}x fewer link bytes",
             r.query, r.speedup, r.link_reduction

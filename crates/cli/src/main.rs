@@ -3,6 +3,7 @@
 mod bench;
 mod demo;
 mod output;
+mod server;
 mod session;
 mod tpch_queries;
 mod units;
@@ -42,6 +43,32 @@ enum Command {
         #[command(subcommand)]
         what: BenchWhat,
     },
+    /// Run a device as an Arrow Flight server.
+    Device {
+        #[command(subcommand)]
+        what: DeviceWhat,
+    },
+    /// Start, stop and inspect local clusters of device servers.
+    Cluster {
+        #[command(subcommand)]
+        what: ClusterWhat,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+enum DeviceWhat {
+    /// Serve one device directory over Arrow Flight until SIGTERM/SIGINT.
+    Serve(server::ServeArgs),
+}
+
+#[derive(Subcommand, Debug)]
+enum ClusterWhat {
+    /// Start one device server process per device and write the cluster file.
+    Up(server::ClusterUpArgs),
+    /// Stop the device servers that `cluster up` started.
+    Down(server::ClusterFileArgs),
+    /// Show each device's counters.
+    Status(server::ClusterFileArgs),
 }
 
 #[derive(Subcommand, Debug)]
@@ -54,6 +81,8 @@ enum GenWhat {
 enum BenchWhat {
     /// TPC-H queries with pushdown on and off; writes JSON and Markdown.
     Tpch(bench::BenchArgs),
+    /// Concurrent clients running TPC-H queries against a cluster.
+    Load(bench::LoadArgs),
 }
 
 /// Where the devices are and what budget each gets.
@@ -62,6 +91,10 @@ pub struct DeviceArgs {
     /// Data root holding the device directories dev0, dev1, ...
     #[arg(long, env = "INSITU_ROOT", default_value_os_t = session::default_root())]
     pub root: PathBuf,
+    /// Cluster file listing device servers (instead of --root): work goes
+    /// over Arrow Flight.
+    #[arg(long, env = "INSITU_CLUSTER", conflicts_with = "root")]
+    pub cluster: Option<PathBuf>,
     /// Memory budget per device (mem_bytes_max), e.g. 4GiB.
     #[arg(long, default_value = "4GiB", value_parser = units::parse_bytes)]
     pub mem: usize,
@@ -75,7 +108,7 @@ struct GenTpchArgs {
     /// Scale factor (1 = 6M lineitem rows).
     #[arg(long, default_value_t = 1.0)]
     sf: f64,
-    /// Number of devices to spread the tables over.
+    /// Number of devices to spread the tables over (with --cluster: the cluster's).
     #[arg(long, default_value_t = 4)]
     devices: u32,
     /// Partitions per device for every table but nation and region.
@@ -93,7 +126,7 @@ struct LoadArgs {
     /// Name of the table to create.
     #[arg(long)]
     table: String,
-    /// Number of devices (creates the root if needed).
+    /// Number of devices (creates the root if needed; with --cluster: the cluster's).
     #[arg(long, default_value_t = 4)]
     devices: u32,
     /// Overwrite the table if it exists.
@@ -123,9 +156,10 @@ pub enum Format {
 struct SqlArgs {
     /// The query; omit for an interactive prompt.
     query: Option<String>,
-    /// Link between host and each device: unlimited, pcie3x4, 10gbe, sata3, 1gbe, or bytes/s.
-    #[arg(long, default_value = "unlimited")]
-    link: LinkProfile,
+    /// Link between host and each device: unlimited, pcie3x4, 10gbe, sata3, 1gbe, or bytes/s
+    /// (default: unlimited, or a cluster file's per-device links).
+    #[arg(long)]
+    link: Option<LinkProfile>,
     /// Run the data-reducing work on the devices (on) or on the host (off).
     #[arg(long, value_enum, default_value_t = OnOff::On)]
     pushdown: OnOff,
@@ -148,6 +182,9 @@ pub struct DemoArgs {
     pub sf: f64,
     #[arg(long, default_value_t = 4)]
     pub devices: u32,
+    /// Run on the device servers of this cluster file instead of embedded devices.
+    #[arg(long)]
+    pub cluster: Option<PathBuf>,
 }
 
 fn main() -> ExitCode {
@@ -183,14 +220,19 @@ async fn run(cli: Cli) -> Result<(), String> {
     match cli.command {
         Command::Gen {
             what: GenWhat::Tpch(a),
-        } => session::gen_tpch(
-            &a.device,
-            a.sf,
-            a.devices,
-            a.partitions_per_device,
-            a.replace,
-        ),
-        Command::Load(a) => session::load(&a.device, &a.table, a.devices, a.replace, &a.files),
+        } => {
+            session::gen_tpch(
+                &a.device,
+                a.sf,
+                a.devices,
+                a.partitions_per_device,
+                a.replace,
+            )
+            .await
+        }
+        Command::Load(a) => {
+            session::load(&a.device, &a.table, a.devices, a.replace, &a.files).await
+        }
         Command::Sql(a) => {
             let pushdown = a.pushdown == OnOff::On;
             let host = session::open_host(&a.device, a.link, pushdown).await?;
@@ -203,5 +245,16 @@ async fn run(cli: Cli) -> Result<(), String> {
         Command::Bench {
             what: BenchWhat::Tpch(a),
         } => bench::run(a).await,
+        Command::Bench {
+            what: BenchWhat::Load(a),
+        } => bench::load(a).await,
+        Command::Device {
+            what: DeviceWhat::Serve(a),
+        } => server::serve(a).await,
+        Command::Cluster { what } => match what {
+            ClusterWhat::Up(a) => server::cluster_up(a),
+            ClusterWhat::Down(a) => server::cluster_down(a),
+            ClusterWhat::Status(a) => server::cluster_status(a).await,
+        },
     }
 }

@@ -7,8 +7,11 @@ use std::sync::Arc;
 use indicatif::{ProgressBar, ProgressStyle};
 use insitu_device::root::{create_root, open_root, DeviceBudget};
 use insitu_device::Device;
-use insitu_host::{embedded_clients, HostConfig, InsituHost, Pushdown, QueryStats};
-use insitu_ingest::{gen_tpch as ingest_tpch, load_files, LoadOptions, TpchOptions, TPCH_TABLES};
+use insitu_flight::FlightDeviceClient;
+use insitu_host::{embedded_clients, DeviceClient, HostConfig, InsituHost, Pushdown, QueryStats};
+use insitu_ingest::{
+    gen_tpch as ingest_tpch, load_files, LoadOptions, PartitionSink, TpchOptions, TPCH_TABLES,
+};
 use insitu_link::LinkProfile;
 
 use crate::output::print_batches;
@@ -48,6 +51,38 @@ fn progress_bar(total: u64, what: &str) -> ProgressBar {
     bar
 }
 
+/// Connects to the device servers of a cluster file.
+pub async fn connect_cluster(
+    path: &Path,
+    link: Option<LinkProfile>,
+) -> Result<Vec<Arc<FlightDeviceClient>>, String> {
+    insitu_flight::connect_cluster(path, link, Default::default())
+        .await
+        .map_err(|e| e.to_string())
+}
+
+/// Generates TPC-H onto `sinks`, with a progress bar per table.
+pub fn gen_tpch_onto<S: PartitionSink + ?Sized>(
+    sinks: &[Arc<S>],
+    sf: f64,
+    per_device: u32,
+    replace: bool,
+) -> Result<(), String> {
+    let options = TpchOptions {
+        scale_factor: sf,
+        partitions_per_device: per_device,
+        replace,
+        ..Default::default()
+    };
+    for table in TPCH_TABLES {
+        let bar = progress_bar(insitu_ingest::tpch_expected_rows(table, sf), table);
+        let tick = |n: u64| bar.inc(n);
+        ingest_tpch(sinks, &[table], &options, &tick).map_err(|e| e.to_string())?;
+        bar.finish();
+    }
+    Ok(())
+}
+
 /// Generates TPC-H onto the root, with a progress bar per table.
 pub fn gen_tpch_into(
     root: &Path,
@@ -58,29 +93,37 @@ pub fn gen_tpch_into(
     replace: bool,
 ) -> Result<Vec<Arc<Device>>, String> {
     let devs = create_root(root, devices, budget).map_err(|e| e.to_string())?;
-    let options = TpchOptions {
-        scale_factor: sf,
-        partitions_per_device: per_device,
-        replace,
-        ..Default::default()
-    };
-    for table in TPCH_TABLES {
-        let bar = progress_bar(insitu_ingest::tpch_expected_rows(table, sf), table);
-        let tick = |n: u64| bar.inc(n);
-        ingest_tpch(&devs, &[table], &options, &tick).map_err(|e| e.to_string())?;
-        bar.finish();
-    }
+    gen_tpch_onto(&devs, sf, per_device, replace)?;
     Ok(devs)
 }
 
-pub fn gen_tpch(
+/// Runs blocking ingest work off the async threads (Flight sinks block on
+/// the runtime from there).
+async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T, String> + Send + 'static,
+) -> Result<T, String> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| format!("ingest task failed: {e}"))?
+}
+
+pub async fn gen_tpch(
     args: &DeviceArgs,
     sf: f64,
     devices: u32,
     per_device: u32,
     replace: bool,
 ) -> Result<(), String> {
-    gen_tpch_into(&args.root, &budget(args), sf, devices, per_device, replace)?;
+    if let Some(cluster) = &args.cluster {
+        let clients = connect_cluster(cluster, None).await?;
+        let n = clients.len();
+        blocking(move || gen_tpch_onto(&clients, sf, per_device, replace)).await?;
+        eprintln!("TPC-H SF {sf} on the {n} devices of {}", cluster.display());
+        return Ok(());
+    }
+    let (root, budget) = (args.root.clone(), budget(args));
+    blocking(move || gen_tpch_into(&root, &budget, sf, devices, per_device, replace).map(drop))
+        .await?;
     eprintln!(
         "TPC-H SF {sf} on {devices} devices under {}",
         args.root.display()
@@ -88,14 +131,35 @@ pub fn gen_tpch(
     Ok(())
 }
 
-pub fn load(
+pub async fn load(
     args: &DeviceArgs,
     table: &str,
     devices: u32,
     replace: bool,
     files: &[PathBuf],
 ) -> Result<(), String> {
-    let devs = create_root(&args.root, devices, &budget(args)).map_err(|e| e.to_string())?;
+    let (table, files) = (table.to_string(), files.to_vec());
+    let rows = if let Some(cluster) = &args.cluster {
+        let clients = connect_cluster(cluster, None).await?;
+        blocking(move || load_onto(&clients, &table, replace, &files)).await?
+    } else {
+        let (root, budget) = (args.root.clone(), budget(args));
+        blocking(move || {
+            let devs = create_root(&root, devices, &budget).map_err(|e| e.to_string())?;
+            load_onto(&devs, &table, replace, &files)
+        })
+        .await?
+    };
+    tracing::debug!(rows, "load finished");
+    Ok(())
+}
+
+fn load_onto<S: PartitionSink + ?Sized>(
+    devs: &[Arc<S>],
+    table: &str,
+    replace: bool,
+    files: &[PathBuf],
+) -> Result<u64, String> {
     let bar = ProgressBar::new_spinner();
     bar.set_style(
         ProgressStyle::with_template("{spinner} {human_pos} rows loaded ({per_sec})")
@@ -103,7 +167,7 @@ pub fn load(
     );
     let tick = |n: u64| bar.inc(n);
     load_files(
-        &devs,
+        devs,
         table,
         files,
         &LoadOptions {
@@ -115,25 +179,63 @@ pub fn load(
     .map_err(|e| e.to_string())?;
     bar.finish();
     eprintln!(
-        "loaded {} rows into {table} on {devices} devices",
-        bar.position()
+        "loaded {} rows into {table} on {} devices",
+        bar.position(),
+        devs.len()
     );
-    Ok(())
+    Ok(bar.position())
 }
 
-/// Opens the root's devices behind links of `profile` and starts a host.
+/// The devices a command works on: in this process, or device servers.
+#[derive(Debug, Clone)]
+pub enum Target {
+    Embedded(Vec<Arc<Device>>),
+    Cluster(PathBuf),
+}
+
+impl Target {
+    pub fn of(args: &DeviceArgs) -> Result<Self, String> {
+        match &args.cluster {
+            Some(c) => Ok(Target::Cluster(c.clone())),
+            None => Ok(Target::Embedded(
+                open_root(&args.root, &budget(args)).map_err(|e| e.to_string())?,
+            )),
+        }
+    }
+
+    /// Clients behind links of `link`: for embedded devices, one shared
+    /// throttle (the host's port, default unlimited); for a cluster, the
+    /// file's per-device links unless `link` overrides them.
+    pub async fn clients(
+        &self,
+        link: Option<LinkProfile>,
+    ) -> Result<Vec<Arc<dyn DeviceClient>>, String> {
+        match self {
+            Target::Embedded(devices) => Ok(embedded_clients(
+                devices.clone(),
+                link.unwrap_or(LinkProfile::UNLIMITED),
+            )),
+            Target::Cluster(path) => Ok(connect_cluster(path, link)
+                .await?
+                .into_iter()
+                .map(|c| c as Arc<dyn DeviceClient>)
+                .collect()),
+        }
+    }
+}
+
+/// Opens the devices of `args` and starts a host over them.
 pub async fn open_host(
     args: &DeviceArgs,
-    profile: LinkProfile,
+    link: Option<LinkProfile>,
     pushdown: bool,
 ) -> Result<InsituHost, String> {
-    let devices = open_root(&args.root, &budget(args)).map_err(|e| e.to_string())?;
-    host_over(devices, profile, pushdown).await
+    let clients = Target::of(args)?.clients(link).await?;
+    host_with(clients, pushdown).await
 }
 
-pub async fn host_over(
-    devices: Vec<Arc<Device>>,
-    profile: LinkProfile,
+pub async fn host_with(
+    clients: Vec<Arc<dyn DeviceClient>>,
     pushdown: bool,
 ) -> Result<InsituHost, String> {
     let config = HostConfig {
@@ -144,7 +246,7 @@ pub async fn host_over(
         },
         ..Default::default()
     };
-    InsituHost::new(embedded_clients(devices, profile), config)
+    InsituHost::new(clients, config)
         .await
         .map_err(|e| e.to_string())
 }

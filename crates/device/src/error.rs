@@ -14,6 +14,8 @@ pub enum DeviceErrorKind {
     BadPlan,
     /// The memory budget (`mem_bytes_max`) is exhausted.
     ResourcesExhausted,
+    /// The host went away before the stage ended.
+    Cancelled,
     /// Anything else while running a stage.
     Execution,
 }

@@ -9,10 +9,11 @@
 mod binder;
 mod error;
 mod ipc;
+mod pool;
 pub mod root;
 mod store;
 
-use std::collections::HashSet;
+use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::ops::Range;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -23,7 +24,9 @@ use arrow::datatypes::SchemaRef;
 use arrow::record_batch::RecordBatch;
 use bytes::Bytes;
 use datafusion::common::tree_node::{TreeNode, TreeNodeRecursion};
-use datafusion::execution::memory_pool::{GreedyMemoryPool, MemoryConsumer, TrackConsumersPool};
+use datafusion::execution::memory_pool::{
+    GreedyMemoryPool, MemoryConsumer, MemoryPool, TrackConsumersPool,
+};
 use datafusion::execution::runtime_env::RuntimeEnvBuilder;
 use datafusion::physical_optimizer::filter_pushdown::FilterPushdown;
 use datafusion::physical_optimizer::PhysicalOptimizerRule;
@@ -33,15 +36,20 @@ use datafusion::prelude::{SessionConfig, SessionContext};
 use futures::StreamExt;
 use insitu_format::{load_manifest, store_manifest, PartitionWriter, WriterOptions};
 use insitu_stage::decode_stage;
-use insitu_wire::{FormatDescriptor, Manifest, StagePlanEnvelope, PLAN_BYTES_MAX};
+use insitu_wire::{
+    Capabilities, DeviceStats, Encoding, FormatDescriptor, LayoutKind, Manifest, Operator,
+    StagePlanEnvelope, PLAN_BYTES_MAX, PROTOCOL_VERSION,
+};
 use object_store::local::LocalFileSystem;
 use object_store::{ObjectStore, ObjectStoreExt};
 use tokio::sync::mpsc;
 
 pub use error::{DeviceError, DeviceErrorKind, DeviceResult};
+pub use insitu_wire::StageStats;
 pub use ipc::IpcChunker;
 
 use binder::{DeviceBinder, VerifiedSet};
+use pool::PeakTrackingPool;
 use store::CountingStore;
 
 /// Result chunks a device runs ahead of a slow host (backpressure bound).
@@ -58,6 +66,9 @@ pub struct DeviceConfig {
     /// Evaluate filters inside the Parquet reader, decoding the remaining
     /// columns only for matching rows.
     pub late_materialization: bool,
+    /// Operators this device runs (and advertises); plans using others are
+    /// rejected.
+    pub operators: Vec<Operator>,
 }
 
 impl DeviceConfig {
@@ -67,17 +78,9 @@ impl DeviceConfig {
             mem_bytes_max: 4 << 30,
             threads: 2,
             late_materialization: false,
+            operators: Operator::ALL.to_vec(),
         }
     }
-}
-
-/// Statistics of one stage run, sent after the last result chunk.
-#[derive(Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize)]
-pub struct StageStats {
-    pub rows_read: u64,
-    pub bytes_read: u64,
-    pub rows_out: u64,
-    pub elapsed_us: u64,
 }
 
 /// What a device sends back for a stage plan.
@@ -85,6 +88,9 @@ pub struct StageStats {
 pub enum DeviceMessage {
     /// Part of the Arrow IPC result stream.
     Ipc(Bytes),
+    /// A result batch a network client has already decoded from its wire
+    /// form (Arrow Flight); devices themselves only produce `Ipc`.
+    Batch(RecordBatch),
     /// The stage finished; nothing follows.
     Done(StageStats),
 }
@@ -99,6 +105,37 @@ pub struct Device {
     store: Arc<dyn ObjectStore>,
     bytes_read: Arc<AtomicU64>,
     verified: VerifiedSet,
+    pool: Arc<PeakTrackingPool>,
+    counters: Counters,
+}
+
+/// Running totals behind [`Device::stats`].
+#[derive(Debug, Default)]
+struct Counters {
+    rows_in: AtomicU64,
+    rows_out: AtomicU64,
+    stages_ok: AtomicU64,
+    stages_failed: AtomicU64,
+    stages_cancelled: AtomicU64,
+    partitions_ingested: AtomicU64,
+    active_streams: AtomicU64,
+    operator_us: Mutex<BTreeMap<String, u64>>,
+}
+
+/// Counts a stage as active from creation until drop.
+struct ActiveStream<'a>(&'a AtomicU64);
+
+impl<'a> ActiveStream<'a> {
+    fn enter(counter: &'a AtomicU64) -> Self {
+        counter.fetch_add(1, Ordering::Relaxed);
+        Self(counter)
+    }
+}
+
+impl Drop for ActiveStream<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
 }
 
 impl std::fmt::Debug for Device {
@@ -129,6 +166,7 @@ impl Device {
         }
         let manifest = load_manifest(dir, id)
             .map_err(|e| DeviceError::new(id, DeviceErrorKind::Corrupt, e.to_string()))?;
+        remove_stale_temp_files(dir, &manifest);
         Self::start(dir, config, manifest)
     }
 
@@ -159,12 +197,12 @@ impl Device {
             Arc::new(LocalFileSystem::new()),
             Arc::clone(&bytes_read),
         ));
-        let pool = TrackConsumersPool::new(
+        let pool = Arc::new(PeakTrackingPool::new(Arc::new(TrackConsumersPool::new(
             GreedyMemoryPool::new(config.mem_bytes_max),
             std::num::NonZeroUsize::new(3).expect("nonzero"),
-        );
+        ))));
         let runtime_env = RuntimeEnvBuilder::new()
-            .with_memory_pool(Arc::new(pool))
+            .with_memory_pool(Arc::clone(&pool) as Arc<dyn MemoryPool>)
             .build_arc()
             .map_err(|e| internal(e.to_string()))?;
         let url = url::Url::parse("file://").expect("file url");
@@ -188,6 +226,8 @@ impl Device {
             store,
             bytes_read,
             verified: Arc::new(Mutex::new(HashSet::new())),
+            pool,
+            counters: Counters::default(),
         }))
     }
 
@@ -210,6 +250,54 @@ impl Device {
     /// Total bytes this device has read from its storage.
     pub fn bytes_read(&self) -> u64 {
         self.bytes_read.load(Ordering::Relaxed)
+    }
+
+    /// What this device runs and stores, as it advertises it to hosts.
+    pub fn capabilities(&self) -> Capabilities {
+        let mut operators = self.config.operators.clone();
+        operators.sort();
+        operators.dedup();
+        Capabilities {
+            protocol_version: PROTOCOL_VERSION,
+            device_id: self.config.id,
+            operators,
+            data_types: SUPPORTED_TYPES.iter().map(|s| s.to_string()).collect(),
+            layouts: vec![layout_name(LayoutKind::Parquet)],
+            encodings: [
+                Encoding::Plain,
+                Encoding::Dictionary,
+                Encoding::Rle,
+                Encoding::DeltaBinaryPacked,
+            ]
+            .into_iter()
+            .map(encoding_name)
+            .collect(),
+            mem_bytes_max: self.config.mem_bytes_max as u64,
+            threads: self.config.threads as u32,
+        }
+    }
+
+    /// Counters since the device started.
+    pub fn stats(&self) -> DeviceStats {
+        let c = &self.counters;
+        let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        DeviceStats {
+            device_id: self.config.id,
+            bytes_read: self.bytes_read(),
+            bytes_sent: 0,
+            bytes_received: 0,
+            rows_in: get(&c.rows_in),
+            rows_out: get(&c.rows_out),
+            stages_ok: get(&c.stages_ok),
+            stages_failed: get(&c.stages_failed),
+            stages_cancelled: get(&c.stages_cancelled),
+            partitions_ingested: get(&c.partitions_ingested),
+            active_streams: get(&c.active_streams),
+            mem_in_use_bytes: self.pool.reserved() as u64,
+            mem_peak_bytes: self.pool.peak() as u64,
+            mem_bytes_max: self.config.mem_bytes_max as u64,
+            operator_us: c.operator_us.lock().expect("operator times").clone(),
+        }
     }
 
     fn runtime(&self) -> &tokio::runtime::Runtime {
@@ -240,9 +328,20 @@ impl Device {
         let (tx, rx) = mpsc::channel(RESULT_CHUNKS_IN_FLIGHT);
         let this = Arc::clone(self);
         self.runtime().spawn(async move {
-            if let Err(e) = this.run_stage(envelope, &tx).await {
-                let _ = tx.send(Err(e)).await;
-            }
+            let _active = ActiveStream::enter(&this.counters.active_streams);
+            let outcome = this.run_stage(envelope, &tx).await;
+            let c = &this.counters;
+            match outcome {
+                Ok(()) => c.stages_ok.fetch_add(1, Ordering::Relaxed),
+                Err(e) if e.kind == DeviceErrorKind::Cancelled => {
+                    c.stages_cancelled.fetch_add(1, Ordering::Relaxed)
+                }
+                Err(e) => {
+                    c.stages_failed.fetch_add(1, Ordering::Relaxed);
+                    let _ = tx.send(Err(e)).await;
+                    0
+                }
+            };
         });
         Ok(rx)
     }
@@ -293,6 +392,7 @@ impl Device {
         });
         let task_ctx = self.ctx.task_ctx();
         let plan = decode_stage(&envelope.plan, &task_ctx, binder).map_err(df_err)?;
+        self.check_operators(&plan)?;
         let plan = FilterPushdown::new()
             .optimize(plan, state.config_options())
             .map_err(df_err)?;
@@ -301,7 +401,7 @@ impl Device {
         } else {
             Arc::clone(&plan)
         };
-        tracing::debug!(device = id, query = %envelope.query_id, "running stage");
+        tracing::info!(device = id, query = %envelope.query_id, "stage started");
         let mut stream = root.execute(0, task_ctx).map_err(df_err)?;
         let schema: SchemaRef = root.schema();
         let ipc_err =
@@ -310,7 +410,7 @@ impl Device {
         let send = |msg| async {
             tx.send(Ok(msg))
                 .await
-                .map_err(|_| self.err(DeviceErrorKind::Execution, "host went away"))
+                .map_err(|_| self.err(DeviceErrorKind::Cancelled, "host went away"))
         };
         send(DeviceMessage::Ipc(head)).await?;
         // Chunks waiting in the channel are device memory: account for the
@@ -339,8 +439,59 @@ impl Device {
             bytes_read: self.bytes_read() - bytes_before,
             rows_out,
             elapsed_us: started.elapsed().as_micros() as u64,
+            operator_us: operator_times(&root),
         };
+        self.record(&stats);
+        tracing::info!(
+            device = id,
+            query = %envelope.query_id,
+            rows_read = stats.rows_read,
+            rows_out = stats.rows_out,
+            elapsed_us = stats.elapsed_us,
+            "stage finished"
+        );
         send(DeviceMessage::Done(stats)).await
+    }
+
+    fn record(&self, stats: &StageStats) {
+        let c = &self.counters;
+        c.rows_in.fetch_add(stats.rows_read, Ordering::Relaxed);
+        c.rows_out.fetch_add(stats.rows_out, Ordering::Relaxed);
+        let mut times = c.operator_us.lock().expect("operator times");
+        for (op, us) in &stats.operator_us {
+            *times.entry(op.clone()).or_default() += us;
+        }
+    }
+
+    /// Rejects a plan that uses an operator this device does not run.
+    fn check_operators(&self, plan: &Arc<dyn ExecutionPlan>) -> DeviceResult<()> {
+        let mut needed = BTreeSet::new();
+        let mut unknown = None;
+        let _ = plan.apply(|node| {
+            match operator_of(node) {
+                Ok(Some(op)) => {
+                    needed.insert(op);
+                }
+                Ok(None) => {}
+                Err(name) => unknown = Some(name),
+            }
+            Ok(TreeNodeRecursion::Continue)
+        });
+        if let Some(name) = unknown {
+            return Err(self.err(
+                DeviceErrorKind::BadPlan,
+                format!("stage plan uses operator {name}, which this device does not run"),
+            ));
+        }
+        for op in needed {
+            if !self.config.operators.contains(&op) {
+                return Err(self.err(
+                    DeviceErrorKind::BadPlan,
+                    format!("stage plan uses operator {op}, which this device does not advertise"),
+                ));
+            }
+        }
+        Ok(())
     }
 
     /// Reads a byte range of a partition file (pull mode: the host reads the
@@ -400,6 +551,9 @@ impl Device {
             writer.write(&batch).map_err(io)?;
         }
         let descriptor = writer.finish().map_err(io)?;
+        self.counters
+            .partitions_ingested
+            .fetch_add(1, Ordering::Relaxed);
         let mut manifest = self.manifest.lock().expect("manifest lock");
         let mut next = manifest.clone();
         next.upsert(descriptor.clone());
@@ -424,6 +578,107 @@ impl Device {
         }
         Ok(())
     }
+}
+
+/// Removes partition files a crashed writer left behind (`.NNNNN.parquet.tmp`
+/// in a table directory); they were never in the manifest.
+fn remove_stale_temp_files(dir: &Path, manifest: &Manifest) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for table_dir in entries.flatten().filter(|e| e.path().is_dir()) {
+        let Ok(files) = std::fs::read_dir(table_dir.path()) else {
+            continue;
+        };
+        for f in files.flatten() {
+            let name = f.file_name();
+            let name = name.to_string_lossy();
+            if name.starts_with('.') && name.ends_with(".tmp") {
+                tracing::info!(device = manifest.device, file = %f.path().display(), "removing stale temp file");
+                let _ = std::fs::remove_file(f.path());
+            }
+        }
+    }
+}
+
+/// Arrow types a device reads and computes on (what its Parquet reader and
+/// DataFusion's kernels handle).
+const SUPPORTED_TYPES: &[&str] = &[
+    "Boolean",
+    "Int8",
+    "Int16",
+    "Int32",
+    "Int64",
+    "UInt8",
+    "UInt16",
+    "UInt32",
+    "UInt64",
+    "Float16",
+    "Float32",
+    "Float64",
+    "Decimal128",
+    "Decimal256",
+    "Date32",
+    "Date64",
+    "Timestamp",
+    "Time32",
+    "Time64",
+    "Utf8",
+    "LargeUtf8",
+    "Utf8View",
+    "Binary",
+    "LargeBinary",
+    "BinaryView",
+    "FixedSizeBinary",
+    "Dictionary",
+];
+
+fn layout_name(layout: LayoutKind) -> String {
+    serde_json::to_value(layout)
+        .ok()
+        .and_then(|v| v.as_str().map(str::to_string))
+        .unwrap_or_default()
+}
+
+fn encoding_name(encoding: Encoding) -> String {
+    serde_json::to_value(encoding)
+        .ok()
+        .and_then(|v| v.as_str().map(str::to_string))
+        .unwrap_or_default()
+}
+
+/// The advertised operator a plan node needs; `Ok(None)` for plumbing
+/// that moves batches without computing, `Err(name)` for anything else.
+fn operator_of(node: &Arc<dyn ExecutionPlan>) -> Result<Option<Operator>, String> {
+    use datafusion::physical_plan::aggregates::{AggregateExec, AggregateMode};
+    let op = match node.name() {
+        "DataSourceExec" | "PartitionScanExec" => Operator::Scan,
+        "FilterExec" => Operator::Filter,
+        "ProjectionExec" => Operator::Projection,
+        "LocalLimitExec" | "GlobalLimitExec" => Operator::Limit,
+        "AggregateExec"
+            if node
+                .downcast_ref::<AggregateExec>()
+                .is_some_and(|a| *a.mode() == AggregateMode::Partial) =>
+        {
+            Operator::PartialAggregate
+        }
+        "CoalesceBatchesExec" | "CoalescePartitionsExec" | "RepartitionExec" => return Ok(None),
+        other => return Err(other.to_string()),
+    };
+    Ok(Some(op))
+}
+
+/// Compute time per operator of an executed plan, in microseconds.
+fn operator_times(plan: &Arc<dyn ExecutionPlan>) -> BTreeMap<String, u64> {
+    let mut times = BTreeMap::new();
+    let _ = plan.apply(|node| {
+        if let Some(ns) = node.metrics().and_then(|m| m.elapsed_compute()) {
+            *times.entry(node.name().to_string()).or_default() += ns as u64 / 1000;
+        }
+        Ok(TreeNodeRecursion::Continue)
+    });
+    times
 }
 
 /// Rows the scans of an executed plan decoded: rows that survived

@@ -105,7 +105,7 @@ fn config(id: u32, budget: &DeviceBudget) -> DeviceConfig {
         id,
         mem_bytes_max: budget.mem_bytes_max,
         threads: budget.threads,
-        late_materialization: false,
+        ..DeviceConfig::new(id)
     }
 }
 

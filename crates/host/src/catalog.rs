@@ -6,7 +6,7 @@ use std::sync::Arc;
 use arrow::datatypes::SchemaRef;
 use datafusion::common::{DataFusionError, Result};
 use insitu_format::schema_of;
-use insitu_wire::FormatDescriptor;
+use insitu_wire::{FormatDescriptor, Operator};
 
 use crate::client::DeviceClient;
 
@@ -32,6 +32,11 @@ pub struct TableInfo {
 }
 
 impl TableInfo {
+    /// Whether every device holding part of the table runs `op`.
+    pub fn supports(&self, op: Operator) -> bool {
+        supported_by_all(&self.shares, op)
+    }
+
     pub fn row_count(&self) -> u64 {
         self.shares
             .iter()
@@ -76,4 +81,9 @@ pub async fn discover_tables(
         }
     }
     Ok(tables)
+}
+
+/// Whether every device in `shares` advertises `op`.
+pub fn supported_by_all(shares: &[DeviceShare], op: Operator) -> bool {
+    shares.iter().all(|s| s.client.capabilities().supports(op))
 }

@@ -11,13 +11,21 @@ use datafusion::common::{DataFusionError, Result};
 use futures::stream::{BoxStream, StreamExt};
 use insitu_device::{Device, DeviceMessage};
 use insitu_link::{Direction, Link};
-use insitu_wire::Manifest;
+use insitu_wire::{Capabilities, DeviceStats, Manifest};
 
 /// A device as the host sees it.
 #[async_trait]
 pub trait DeviceClient: Send + Sync + std::fmt::Debug {
     fn id(&self) -> u32;
+    /// How errors and logs name the device (`device 2 at 10.0.0.7:7001`).
+    fn name(&self) -> String {
+        format!("device {}", self.id())
+    }
     fn link(&self) -> &Arc<Link>;
+    /// What the device advertised when the host connected.
+    fn capabilities(&self) -> &Capabilities;
+    /// The device's counters since it started.
+    async fn stats(&self) -> Result<DeviceStats>;
     /// The device's manifest.
     async fn manifest(&self) -> Result<Manifest>;
     /// Sends an encoded stage plan envelope and streams the answer.
@@ -34,6 +42,7 @@ pub trait DeviceClient: Send + Sync + std::fmt::Debug {
 pub struct EmbeddedClient {
     device: Arc<Device>,
     link: Arc<Link>,
+    capabilities: Capabilities,
 }
 
 /// Size of a small request or control message on the link.
@@ -41,7 +50,12 @@ const REQUEST_HEADER_BYTES: usize = 64;
 
 impl EmbeddedClient {
     pub fn new(device: Arc<Device>, link: Arc<Link>) -> Self {
-        Self { device, link }
+        let capabilities = device.capabilities();
+        Self {
+            device,
+            link,
+            capabilities,
+        }
     }
 
     pub fn device(&self) -> &Arc<Device> {
@@ -57,6 +71,18 @@ impl DeviceClient for EmbeddedClient {
 
     fn link(&self) -> &Arc<Link> {
         &self.link
+    }
+
+    fn capabilities(&self) -> &Capabilities {
+        &self.capabilities
+    }
+
+    async fn stats(&self) -> Result<DeviceStats> {
+        let mut stats = self.device.stats();
+        let link = self.link.counters();
+        stats.bytes_sent = link.bytes_to_host;
+        stats.bytes_received = link.bytes_to_device;
+        Ok(stats)
     }
 
     async fn manifest(&self) -> Result<Manifest> {
@@ -92,6 +118,7 @@ impl DeviceClient for EmbeddedClient {
                         link.transfer(Direction::DeviceToHost, bytes.len()).await;
                         Ok(DeviceMessage::Ipc(bytes))
                     }
+                    Ok(DeviceMessage::Batch(batch)) => Ok(DeviceMessage::Batch(batch)),
                     Ok(DeviceMessage::Done(stats)) => {
                         link.transfer(Direction::DeviceToHost, REQUEST_HEADER_BYTES)
                             .await;

@@ -50,6 +50,36 @@ impl Default for HostConfig {
     }
 }
 
+/// Names one query in host and device logs; travels in every stage plan
+/// envelope the query sends.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct QueryId(pub String);
+
+impl QueryId {
+    /// A new id, unique within this process and unlikely to repeat across
+    /// processes (time-seeded prefix).
+    pub fn next() -> Self {
+        use std::sync::atomic::{AtomicU64, Ordering};
+        use std::sync::OnceLock;
+        static PREFIX: OnceLock<u32> = OnceLock::new();
+        static COUNTER: AtomicU64 = AtomicU64::new(0);
+        let prefix = PREFIX.get_or_init(|| {
+            let nanos = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_nanos() as u64);
+            ((nanos ^ (std::process::id() as u64) << 20) % 0xFFFF_FFFF) as u32
+        });
+        let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+        Self(format!("{prefix:08x}-{n}"))
+    }
+}
+
+impl std::fmt::Display for QueryId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
 /// A query's result and what it cost.
 #[derive(Debug)]
 pub struct QueryOutcome {
@@ -135,12 +165,27 @@ impl InsituHost {
         let link_before = self.link_totals();
         let storage_before = self.storage_totals();
         let stages_before = self.stage_stats.snapshot();
+        let query_id = QueryId::next();
+        // A context per query carries its id down to the device scans.
+        let mut state = self.ctx.state();
+        state.config_mut().set_extension(Arc::new(query_id.clone()));
+        let ctx = SessionContext::new_with_state(state);
+        tracing::info!(query = %query_id, sql = %sql.trim(), "query started");
         let mut last = None;
         for statement in split_statements(sql) {
-            let df = self.ctx.sql(statement).await?;
-            let schema = Arc::new(df.schema().as_arrow().clone());
-            let batches = df.collect().await?;
-            last = Some((schema, batches));
+            let run = async {
+                let df = ctx.sql(statement).await?;
+                let schema = Arc::new(df.schema().as_arrow().clone());
+                let batches = df.collect().await?;
+                Ok::<_, datafusion::error::DataFusionError>((schema, batches))
+            };
+            match run.await {
+                Ok(result) => last = Some(result),
+                Err(e) => {
+                    tracing::warn!(query = %query_id, "query failed: {e}");
+                    return Err(e);
+                }
+            }
         }
         let Some((schema, batches)) = last else {
             return Err(datafusion::error::DataFusionError::Plan(
@@ -158,6 +203,13 @@ impl InsituHost {
             wall_secs: started.elapsed().as_secs_f64(),
             result_rows: batches.iter().map(|b| b.num_rows() as u64).sum(),
         };
+        tracing::info!(
+            query = %query_id,
+            rows = stats.result_rows,
+            secs = stats.wall_secs,
+            link_bytes = stats.link_bytes(),
+            "query finished"
+        );
         Ok(QueryOutcome {
             batches,
             schema,

@@ -27,6 +27,7 @@ use datafusion::physical_plan::limit::LocalLimitExec;
 use datafusion::physical_plan::projection::ProjectionExec;
 use datafusion::physical_plan::ExecutionPlan;
 use insitu_stage::PartitionScanExec;
+use insitu_wire::Operator;
 
 use crate::catalog::TableInfo;
 use crate::pull::{pull_path, PULL_STORE_URL};
@@ -106,8 +107,10 @@ impl InsituTable {
         if let Some(predicate) = self.physical_filters(state, filters, &leaf.schema())? {
             stage = Arc::new(FilterExec::try_new(predicate, stage)?);
         }
-        if read.len() != wanted.len() {
-            let exprs = wanted
+        // The wanted columns, without those only the filters read; on the
+        // host if the devices do not project.
+        let narrow = (read.len() != wanted.len()).then(|| {
+            wanted
                 .iter()
                 .enumerate()
                 .map(|(pos, _)| {
@@ -117,17 +120,24 @@ impl InsituTable {
                     );
                     (col, field.name().clone())
                 })
-                .collect::<Vec<_>>();
-            stage = Arc::new(ProjectionExec::try_new(exprs, stage)?);
+                .collect::<Vec<_>>()
+        });
+        let device_projects = self.info.supports(Operator::Projection);
+        if let (Some(exprs), true) = (&narrow, device_projects) {
+            stage = Arc::new(ProjectionExec::try_new(exprs.clone(), stage)?);
         }
-        if let Some(n) = limit {
+        if let (Some(n), true) = (limit, self.info.supports(Operator::Limit)) {
             stage = Arc::new(LocalLimitExec::new(stage, n));
         }
-        Ok(Arc::new(DeviceScanExec::new(
+        let scan: Arc<dyn ExecutionPlan> = Arc::new(DeviceScanExec::new(
             stage,
             self.info.shares.clone(),
             Arc::clone(&self.stats),
-        )))
+        ));
+        match (narrow, device_projects) {
+            (Some(exprs), false) => Ok(Arc::new(ProjectionExec::try_new(exprs, scan)?)),
+            _ => Ok(scan),
+        }
     }
 
     fn pull_scan(
@@ -225,7 +235,9 @@ impl TableProvider for InsituTable {
         Ok(filters
             .iter()
             .map(|f| match self.pushdown {
-                Pushdown::On if device_can_evaluate(f) => TableProviderFilterPushDown::Exact,
+                Pushdown::On if self.info.supports(Operator::Filter) && device_can_evaluate(f) => {
+                    TableProviderFilterPushDown::Exact
+                }
                 Pushdown::On => TableProviderFilterPushDown::Unsupported,
                 Pushdown::Off => TableProviderFilterPushDown::Inexact,
             })

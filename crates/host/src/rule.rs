@@ -16,7 +16,8 @@
 //! repartitions between it and the device scan), and filters/projections
 //! directly above a device scan. Repartitions are dropped: a device spreads
 //! its own work over its threads. A fold happens only if the grown stage
-//! encodes and decodes, so a device never receives a plan it cannot run.
+//! encodes and decodes and every device holding the table advertises the
+//! operators it adds, so a device never receives a plan it cannot run.
 
 use std::sync::{Arc, OnceLock};
 
@@ -32,7 +33,9 @@ use datafusion::physical_plan::repartition::RepartitionExec;
 use datafusion::physical_plan::{ChildrenPropertiesMode, ExecutionPlan, ReplaceChildrenOptions};
 use datafusion::prelude::SessionContext;
 use insitu_stage::{decode_stage_unbound, encode_stage};
+use insitu_wire::Operator;
 
+use crate::catalog::supported_by_all;
 use crate::scan::DeviceScanExec;
 
 #[derive(Debug, Default)]
@@ -89,6 +92,9 @@ fn fold(node: Arc<dyn ExecutionPlan>) -> Transformed<Arc<dyn ExecutionPlan>> {
         cursor = child;
     };
     chain.push(cursor);
+    if !chain.iter().all(|op| devices_run(&scan, op)) {
+        return Transformed::no(node);
+    }
     // Rebuild the chain on top of the stage, skipping repartitions.
     let mut stage = Arc::clone(scan.stage());
     for op in chain.into_iter().rev() {
@@ -105,6 +111,20 @@ fn fold(node: Arc<dyn ExecutionPlan>) -> Transformed<Arc<dyn ExecutionPlan>> {
         return Transformed::no(node);
     }
     Transformed::yes(Arc::new(scan.with_stage(stage)))
+}
+
+/// Whether every device under `scan` advertises the operator `op` needs.
+fn devices_run(scan: &DeviceScanExec, op: &Arc<dyn ExecutionPlan>) -> bool {
+    let needed = if op.is::<FilterExec>() {
+        Operator::Filter
+    } else if op.is::<ProjectionExec>() {
+        Operator::Projection
+    } else if op.is::<AggregateExec>() {
+        Operator::PartialAggregate
+    } else {
+        return true; // repartitions are dropped, not shipped
+    };
+    supported_by_all(scan.shares(), needed)
 }
 
 /// Whether a device could decode `stage`: some plans encode but only decode

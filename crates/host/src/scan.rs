@@ -66,6 +66,10 @@ impl DeviceScanExec {
         }
     }
 
+    pub fn shares(&self) -> &[DeviceShare] {
+        &self.shares
+    }
+
     pub fn stage(&self) -> &Arc<dyn ExecutionPlan> {
         &self.stage
     }
@@ -158,7 +162,11 @@ impl ExecutionPlan for DeviceScanExec {
             }
             return internal_err!("DeviceScanExec has no partition {partition}");
         };
-        let envelope = self.envelope_for(&share, context.session_id().as_str())?;
+        let query_id = context
+            .session_config()
+            .get_extension::<crate::QueryId>()
+            .map_or_else(|| context.session_id(), |q| q.0.clone());
+        let envelope = self.envelope_for(&share, &query_id)?;
         let stats = Arc::clone(&self.stats);
         let out_schema = Arc::clone(&schema);
         let stream = futures::stream::once(async move {
@@ -203,6 +211,11 @@ fn decode_results(
                         stats.add(&s);
                         return None;
                     }
+                    Some(Ok(DeviceMessage::Batch(batch))) => {
+                        let out = with_schema(batch, &schema, device);
+                        let done = out.is_err();
+                        return Some((out, (messages, decoder, done)));
+                    }
                     Some(Ok(DeviceMessage::Ipc(bytes))) => {
                         match decode_chunk(&mut decoder, bytes, &schema, device) {
                             Ok(Some(batch)) => {
@@ -241,10 +254,16 @@ fn decode_chunk(
             out = Some(batch);
         }
     }
-    out.map(|batch| {
-        let options = RecordBatchOptions::new().with_row_count(Some(batch.num_rows()));
-        RecordBatch::try_new_with_options(Arc::clone(schema), batch.columns().to_vec(), &options)
-            .map_err(ipc_err)
-    })
-    .transpose()
+    out.map(|batch| with_schema(batch, schema, device))
+        .transpose()
+}
+
+/// Relabels a decoded batch with the stage's output schema (the wire form
+/// does not carry field metadata such as nullability exactly).
+fn with_schema(batch: RecordBatch, schema: &SchemaRef, device: u32) -> Result<RecordBatch> {
+    let options = RecordBatchOptions::new().with_row_count(Some(batch.num_rows()));
+    RecordBatch::try_new_with_options(Arc::clone(schema), batch.columns().to_vec(), &options)
+        .map_err(|e| {
+            DataFusionError::Execution(format!("device {device}: malformed result stream: {e}"))
+        })
 }

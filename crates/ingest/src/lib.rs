@@ -7,7 +7,11 @@ mod tpch;
 
 use std::sync::Arc;
 
+use arrow::datatypes::SchemaRef;
+use arrow::error::ArrowError;
+use arrow::record_batch::RecordBatch;
 use insitu_device::Device;
+use insitu_format::WriterOptions;
 
 pub use load::{load_files, LoadOptions};
 pub use tpch::{expected_rows as tpch_expected_rows, gen_tpch, TpchOptions, TPCH_TABLES};
@@ -19,6 +23,9 @@ pub enum IngestError {
     TableExists { table: String, device: u32 },
     #[error("{0}")]
     Device(#[from] insitu_device::DeviceError),
+    /// A device server refused or failed a request; the message names it.
+    #[error("{0}")]
+    Remote(String),
     #[error("{path}: {message}")]
     Input { path: String, message: String },
     #[error("{0}")]
@@ -30,15 +37,65 @@ pub type IngestResult<T> = Result<T, IngestError>;
 /// Progress callback: called with the number of rows just written.
 pub type Progress<'a> = &'a (dyn Fn(u64) + Sync);
 
+/// Batches ingest hands to a device, in order.
+pub type BatchSource<'a> = &'a mut dyn Iterator<Item = Result<RecordBatch, ArrowError>>;
+
+/// Where ingest writes partitions: a device in this process, or a device
+/// server reached over the network. A partition becomes visible only once
+/// complete; a failed write leaves nothing behind.
+pub trait PartitionSink: Send + Sync {
+    fn device_id(&self) -> u32;
+    fn has_table(&self, table: &str) -> IngestResult<bool>;
+    fn drop_table(&self, table: &str) -> IngestResult<()>;
+    fn write_partition(
+        &self,
+        table: &str,
+        partition: u32,
+        schema: SchemaRef,
+        batches: BatchSource<'_>,
+        options: &WriterOptions,
+    ) -> IngestResult<()>;
+}
+
+impl PartitionSink for Device {
+    fn device_id(&self) -> u32 {
+        self.id()
+    }
+
+    fn has_table(&self, table: &str) -> IngestResult<bool> {
+        Ok(self.manifest().tables.contains_key(table))
+    }
+
+    fn drop_table(&self, table: &str) -> IngestResult<()> {
+        Ok(Device::drop_table(self, table)?)
+    }
+
+    fn write_partition(
+        &self,
+        table: &str,
+        partition: u32,
+        schema: SchemaRef,
+        batches: BatchSource<'_>,
+        options: &WriterOptions,
+    ) -> IngestResult<()> {
+        Device::write_partition(self, table, partition, schema, batches, options)?;
+        Ok(())
+    }
+}
+
 /// Refuses to overwrite `table` unless `replace`; with `replace`, drops it
 /// from every device first.
-pub fn prepare_table(devices: &[Arc<Device>], table: &str, replace: bool) -> IngestResult<()> {
+pub fn prepare_table<S: PartitionSink + ?Sized>(
+    devices: &[Arc<S>],
+    table: &str,
+    replace: bool,
+) -> IngestResult<()> {
     for d in devices {
-        if d.manifest().tables.contains_key(table) {
+        if d.has_table(table)? {
             if !replace {
                 return Err(IngestError::TableExists {
                     table: table.to_string(),
-                    device: d.id(),
+                    device: d.device_id(),
                 });
             }
             d.drop_table(table)?;

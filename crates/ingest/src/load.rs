@@ -14,11 +14,10 @@ use arrow::csv::reader::Format;
 use arrow::datatypes::SchemaRef;
 use arrow::error::ArrowError;
 use arrow::record_batch::{RecordBatch, RecordBatchReader};
-use insitu_device::Device;
 use insitu_format::WriterOptions;
 use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 
-use crate::{prepare_table, IngestError, IngestResult, Progress};
+use crate::{prepare_table, IngestError, IngestResult, PartitionSink, Progress};
 
 #[derive(Debug, Clone)]
 pub struct LoadOptions {
@@ -98,8 +97,8 @@ fn open(path: &Path, batch_rows: usize) -> IngestResult<(SchemaRef, BatchIter)> 
 }
 
 /// Loads `files` into `table` across `devices`.
-pub fn load_files(
-    devices: &[Arc<Device>],
+pub fn load_files<S: PartitionSink + ?Sized>(
+    devices: &[Arc<S>],
     table: &str,
     files: &[PathBuf],
     options: &LoadOptions,
@@ -125,8 +124,8 @@ pub fn load_files(
     result
 }
 
-fn deal(
-    devices: &[Arc<Device>],
+fn deal<S: PartitionSink + ?Sized>(
+    devices: &[Arc<S>],
     table: &str,
     files: &[PathBuf],
     schema: SchemaRef,
@@ -142,9 +141,9 @@ fn deal(
                 sync_channel(BATCHES_IN_FLIGHT);
             senders.push(tx);
             let schema = Arc::clone(&schema);
-            writers.push(
-                scope.spawn(move || device.write_partition(table, 0, schema, rx, &options.writer)),
-            );
+            writers.push(scope.spawn(move || {
+                device.write_partition(table, 0, schema, &mut rx.into_iter(), &options.writer)
+            }));
         }
         let read = (|| -> IngestResult<()> {
             let mut next_device = 0usize;

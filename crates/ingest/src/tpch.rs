@@ -8,7 +8,6 @@ use std::sync::Arc;
 
 use arrow::datatypes::SchemaRef;
 use arrow::record_batch::RecordBatch;
-use insitu_device::Device;
 use insitu_format::WriterOptions;
 use tpchgen::generators::{
     CustomerGenerator, LineItemGenerator, NationGenerator, OrderGenerator, PartGenerator,
@@ -19,7 +18,9 @@ use tpchgen_arrow::{
     RecordBatchIterator, RegionArrow, SupplierArrow,
 };
 
-use crate::{device_for_partition, prepare_table, IngestError, IngestResult, Progress};
+use crate::{
+    device_for_partition, prepare_table, IngestError, IngestResult, PartitionSink, Progress,
+};
 
 /// The eight TPC-H tables, largest first.
 pub const TPCH_TABLES: [&str; 8] = [
@@ -103,8 +104,8 @@ fn generator(
 /// Generates `tables` (all eight when empty) at the options' scale factor
 /// onto `devices`. Devices write in parallel, one thread each, bounded by
 /// one row group of buffered rows per writer.
-pub fn gen_tpch(
-    devices: &[Arc<Device>],
+pub fn gen_tpch<S: PartitionSink + ?Sized>(
+    devices: &[Arc<S>],
     tables: &[&str],
     options: &TpchOptions,
     progress: Progress<'_>,
@@ -152,11 +153,17 @@ pub fn gen_tpch(
                                 options.batch_rows,
                             );
                             let schema: SchemaRef = Arc::clone(gen.schema());
-                            let batches = gen.map(|b: RecordBatch| {
+                            let mut batches = gen.map(|b: RecordBatch| {
                                 progress(b.num_rows() as u64);
                                 Ok(b)
                             });
-                            device.write_partition(table, p, schema, batches, &options.writer)?;
+                            device.write_partition(
+                                table,
+                                p,
+                                schema,
+                                &mut batches,
+                                &options.writer,
+                            )?;
                         }
                         Ok(())
                     })

@@ -22,6 +22,8 @@ pub enum WireError {
         found: u32,
         supported: u32,
     },
+    #[error("protocol: {0}")]
+    Protocol(String),
     #[error("json: {0}")]
     Json(#[from] serde_json::Error),
 }

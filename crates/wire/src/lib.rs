@@ -10,6 +10,7 @@ pub mod descriptor;
 pub mod envelope;
 pub mod error;
 pub mod manifest;
+pub mod protocol;
 
 pub use descriptor::{
     ColumnStats, Encoding, FieldFormat, FormatDescriptor, LayoutKind, RowGroupStats,
@@ -18,3 +19,6 @@ pub use descriptor::{
 pub use envelope::{StagePlanEnvelope, ENVELOPE_MAGIC, ENVELOPE_VERSION, PLAN_BYTES_MAX};
 pub use error::{WireError, WireResult};
 pub use manifest::{Manifest, PartitionRef, MANIFEST_FILE, MANIFEST_VERSION};
+pub use protocol::{
+    Capabilities, DeviceStats, Operator, PutCommit, PutRequest, StageStats, PROTOCOL_VERSION,
+};

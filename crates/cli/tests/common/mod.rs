@@ -287,3 +287,92 @@ pub fn insitu(args: &[&str]) -> (bool, String, String) {
         String::from_utf8_lossy(&out.stderr).into_owned(),
     )
 }
+
+/// Device server processes started with `insitu cluster up`, stopped on drop.
+pub struct TestCluster {
+    pub root: tempfile::TempDir,
+    pub file: PathBuf,
+}
+
+impl TestCluster {
+    pub fn up(devices: u32, extra: &[&str]) -> Self {
+        let root = tempfile::Builder::new()
+            .prefix("insitu-cluster-")
+            .tempdir()
+            .expect("tempdir");
+        let root_arg = root.path().to_str().expect("utf-8 path").to_string();
+        let n = devices.to_string();
+        let mut args = vec!["cluster", "up", "--devices", &n, "--root", &root_arg];
+        if !extra.contains(&"--mem") {
+            args.extend(["--mem", "1GiB"]);
+        }
+        if !extra.contains(&"--threads") {
+            args.extend(["--threads", "1"]);
+        }
+        args.extend_from_slice(extra);
+        let (ok, out, err) = insitu(&args);
+        assert!(ok, "cluster up failed:\n{out}\n{err}");
+        let file = root.path().join("cluster.toml");
+        Self { root, file }
+    }
+
+    pub fn file_arg(&self) -> &str {
+        self.file.to_str().expect("utf-8 path")
+    }
+
+    pub fn entries(&self) -> Vec<insitu_flight::DeviceEntry> {
+        insitu_flight::ClusterFile::load(&self.file)
+            .expect("cluster file")
+            .devices
+    }
+
+    pub fn token(&self) -> String {
+        std::fs::read_to_string(self.root.path().join("cluster.token")).expect("token")
+    }
+
+    /// Address (host:port) of device `id`.
+    pub fn addr(&self, id: u32) -> String {
+        let e = self
+            .entries()
+            .into_iter()
+            .find(|e| e.id == id)
+            .expect("device");
+        e.endpoint.trim_start_matches("http://").to_string()
+    }
+
+    pub fn pid(&self, id: u32) -> u32 {
+        let e = self
+            .entries()
+            .into_iter()
+            .find(|e| e.id == id)
+            .expect("device");
+        e.pid.expect("pid")
+    }
+
+    pub async fn clients(&self) -> Vec<Arc<dyn insitu_host::DeviceClient>> {
+        insitu_flight::connect_cluster(&self.file, None, Default::default())
+            .await
+            .expect("connect cluster")
+            .into_iter()
+            .map(|c| c as Arc<dyn insitu_host::DeviceClient>)
+            .collect()
+    }
+
+    pub async fn host(&self, pushdown: Pushdown) -> InsituHost {
+        InsituHost::new(
+            self.clients().await,
+            HostConfig {
+                pushdown,
+                target_partitions: 2,
+            },
+        )
+        .await
+        .expect("host over cluster")
+    }
+}
+
+impl Drop for TestCluster {
+    fn drop(&mut self) {
+        let _ = insitu(&["cluster", "down", "--cluster", self.file_arg()]);
+    }
+}

@@ -1,0 +1,141 @@
+//! Turning a device's Arrow IPC stream chunks into Flight messages without
+//! re-encoding: an IPC stream message is (continuation, length, flatbuffer
+//! header, body), and a `FlightData` is exactly (header, body).
+
+use arrow_flight::FlightData;
+use bytes::Bytes;
+
+/// IPC continuation marker that precedes every message's length.
+const CONTINUATION: u32 = 0xFFFF_FFFF;
+
+/// Splits one chunk of an Arrow IPC stream into its messages. The
+/// end-of-stream marker (length 0) has no Flight counterpart and is
+/// dropped.
+pub fn ipc_chunk_to_flight(chunk: &Bytes) -> Result<Vec<FlightData>, String> {
+    let mut out = vec![];
+    let mut pos = 0usize;
+    let read_u32 = |pos: usize| -> Result<u32, String> {
+        chunk
+            .get(pos..pos + 4)
+            .map(|b| u32::from_le_bytes(b.try_into().expect("4 bytes")))
+            .ok_or_else(|| format!("IPC chunk truncated at byte {pos}"))
+    };
+    while pos < chunk.len() {
+        let mut len = read_u32(pos)?;
+        pos += 4;
+        if len == CONTINUATION {
+            len = read_u32(pos)?;
+            pos += 4;
+        }
+        if len == 0 {
+            continue; // end of stream
+        }
+        let len = len as usize;
+        let header = chunk
+            .get(pos..pos + len)
+            .ok_or_else(|| format!("IPC message header truncated at byte {pos}"))?;
+        let message = arrow_ipc::root_as_message(header)
+            .map_err(|e| format!("IPC message header at byte {pos}: {e}"))?;
+        let body_len = usize::try_from(message.bodyLength())
+            .map_err(|_| format!("negative IPC body length at byte {pos}"))?;
+        let header = chunk.slice(pos..pos + len);
+        pos += len;
+        if pos + body_len > chunk.len() {
+            return Err(format!("IPC message body truncated at byte {pos}"));
+        }
+        let body = chunk.slice(pos..pos + body_len);
+        pos += body_len;
+        out.push(FlightData {
+            flight_descriptor: None,
+            data_header: header,
+            app_metadata: Bytes::new(),
+            data_body: body,
+        });
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+
+    use arrow::array::{ArrayRef, Float64Array, Int32Array, StringArray};
+    use arrow::record_batch::RecordBatch;
+    use arrow_flight::decode::{DecodedPayload, FlightDataDecoder};
+    use futures::StreamExt;
+    use insitu_device::IpcChunker;
+
+    fn batch(n: usize) -> RecordBatch {
+        let ints: ArrayRef = Arc::new(Int32Array::from_iter(
+            (0..n).map(|i| (i % 7 != 3).then_some(i as i32)),
+        ));
+        let floats: ArrayRef = Arc::new(Float64Array::from_iter_values((0..n).map(|i| {
+            if i % 5 == 0 {
+                f64::NAN
+            } else {
+                i as f64 / 3.0
+            }
+        })));
+        let strings: ArrayRef = Arc::new(StringArray::from_iter(
+            (0..n).map(|i| (i % 4 != 0).then(|| format!("value number {i}"))),
+        ));
+        RecordBatch::try_from_iter_with_nullable([
+            ("i", ints, true),
+            ("f", floats, false),
+            ("s", strings, true),
+        ])
+        .unwrap()
+    }
+
+    /// The chunks a device sends, split into Flight messages, decode with
+    /// arrow-flight's own decoder into the same batches.
+    #[tokio::test]
+    async fn device_chunks_decode_as_a_flight_stream() {
+        for sizes in [vec![], vec![1], vec![0, 2, 7], vec![49, 50, 51, 1000]] {
+            let input: Vec<RecordBatch> = sizes.iter().map(|n| batch(*n)).collect();
+            let schema = batch(0).schema();
+            let (mut chunker, head) = IpcChunker::start(&schema).unwrap();
+            let mut chunks = vec![head];
+            for b in &input {
+                chunks.push(chunker.batch(b).unwrap());
+            }
+            chunks.push(chunker.finish().unwrap());
+            let messages: Vec<FlightData> = chunks
+                .iter()
+                .flat_map(|c| ipc_chunk_to_flight(c).unwrap())
+                .collect();
+            let decoder =
+                FlightDataDecoder::new(futures::stream::iter(messages.into_iter().map(Ok)));
+            let decoded: Vec<RecordBatch> = decoder
+                .filter_map(|d| async move {
+                    match d.unwrap().payload {
+                        DecodedPayload::RecordBatch(b) => Some(b),
+                        _ => None,
+                    }
+                })
+                .collect()
+                .await;
+            assert_eq!(decoded.len(), input.len(), "sizes {sizes:?}");
+            for (got, want) in decoded.iter().zip(&input) {
+                // NaN != NaN, so compare the IPC-independent debug form.
+                assert_eq!(format!("{got:?}"), format!("{want:?}"), "sizes {sizes:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn truncated_chunks_are_errors_not_panics() {
+        let schema = batch(0).schema();
+        let (mut chunker, _) = IpcChunker::start(&schema).unwrap();
+        let chunk = chunker.batch(&batch(50)).unwrap();
+        for cut in [1, 4, 7, 9, chunk.len() / 2, chunk.len() - 1] {
+            let err = ipc_chunk_to_flight(&chunk.slice(..cut)).unwrap_err();
+            assert!(
+                err.contains("truncated") || err.contains("header"),
+                "{cut}: {err}"
+            );
+        }
+        assert!(ipc_chunk_to_flight(&Bytes::from_static(&[0xFF; 12])).is_err());
+    }
+}
