@@ -259,3 +259,106 @@ async fn tls_device_server() {
     let e = plain.unwrap_err().to_string();
     assert!(e.contains("device 0 at http://"), "{e}");
 }
+
+/// Prometheus metrics on `--metrics`, and one query id in the host's and
+/// the device's logs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_and_query_ids_in_logs() {
+    use std::io::{Read, Write};
+    let port = {
+        let probe = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        probe.local_addr().unwrap().port()
+    };
+    let root = tempfile::tempdir().unwrap();
+    let root_arg = root.path().to_str().unwrap();
+    let port_arg = port.to_string();
+    let run = |args: &[&str]| {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_insitu"))
+            .args(args)
+            .env("INSITU_LOG", "info")
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert!(out.status.success(), "{args:?}: {err}");
+        err
+    };
+    run(&[
+        "cluster",
+        "up",
+        "--devices",
+        "1",
+        "--root",
+        root_arg,
+        "--threads",
+        "1",
+        "--metrics-base-port",
+        &port_arg,
+    ]);
+    let cluster = root.path().join("cluster.toml");
+    let _down = Down(cluster.clone());
+    let csv = root.path().join("t.csv");
+    std::fs::write(&csv, "a\n1\n2\n3\n").unwrap();
+    let cluster_arg = cluster.to_str().unwrap();
+    run(&[
+        "load",
+        "--table",
+        "t",
+        "--cluster",
+        cluster_arg,
+        csv.to_str().unwrap(),
+    ]);
+    let host_log = run(&[
+        "sql",
+        "--cluster",
+        cluster_arg,
+        "select sum(a) from t where a > 1",
+    ]);
+    let query_id = host_log
+        .lines()
+        .find(|l| l.contains("query started"))
+        .and_then(|l| l.split("query=").nth(1))
+        .and_then(|rest| rest.split_whitespace().next())
+        .unwrap_or_else(|| panic!("no query id in host log:\n{host_log}"))
+        .to_string();
+    let device_log = std::fs::read_to_string(root.path().join("dev0.log")).unwrap();
+    assert!(
+        device_log
+            .lines()
+            .any(|l| l.contains("stage finished") && l.contains(&format!("query={query_id}"))),
+        "query {query_id} not in device log:\n{device_log}"
+    );
+    let mut conn = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    conn.write_all(b"GET /metrics HTTP/1.0\r\nHost: x\r\n\r\n")
+        .unwrap();
+    let mut body = String::new();
+    conn.read_to_string(&mut body).unwrap();
+    assert!(
+        body.starts_with("HTTP/1.0 200") || body.starts_with("HTTP/1.1 200"),
+        "{body}"
+    );
+    assert!(body.contains("text/plain; version=0.0.4"), "{body}");
+    for line in [
+        "insitu_device_stages_ok_total{device=\"0\"} 1",
+        "insitu_device_rows_out_total{device=\"0\"} 1",
+        "insitu_device_active_streams{device=\"0\"} 0",
+        "insitu_device_memory_limit_bytes{device=\"0\"} 4294967296",
+        "insitu_device_partitions_ingested_total{device=\"0\"} 1",
+    ] {
+        assert!(body.lines().any(|l| l == line), "missing {line}:\n{body}");
+    }
+    assert!(
+        body.contains(
+            "insitu_device_operator_seconds_total{device=\"0\",operator=\"AggregateExec\"}"
+        ),
+        "{body}"
+    );
+}
+
+/// Stops a cluster on drop.
+struct Down(std::path::PathBuf);
+
+impl Drop for Down {
+    fn drop(&mut self) {
+        let _ = insitu(&["cluster", "down", "--cluster", self.0.to_str().unwrap()]);
+    }
+}
