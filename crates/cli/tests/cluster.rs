@@ -11,15 +11,7 @@ use insitu_host::Pushdown;
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tpch_sf001_on_three_device_servers() {
     let cluster = TestCluster::up(3, &[]);
-    let (ok, _, err) = insitu(&[
-        "gen",
-        "tpch",
-        "--sf",
-        "0.01",
-        "--cluster",
-        cluster.file_arg(),
-    ]);
-    assert!(ok, "gen over Flight failed: {err}");
+    cluster.gen_tpch("0.01");
     for pushdown in [Pushdown::On, Pushdown::Off] {
         let host = cluster.host(pushdown).await;
         assert_eq!(host.tables().len(), 8);
@@ -69,15 +61,7 @@ async fn host_pushes_only_what_devices_advertise() {
     for ops in [None, Some("scan,projection")] {
         let extra: Vec<&str> = ops.map(|o| vec!["--operators", o]).unwrap_or_default();
         let cluster = TestCluster::up(2, &extra);
-        let (ok, _, err) = insitu(&[
-            "load",
-            "--table",
-            "t",
-            "--cluster",
-            cluster.file_arg(),
-            csv.to_str().unwrap(),
-        ]);
-        assert!(ok, "{err}");
+        cluster.load("t", &csv);
         let host = cluster.host(Pushdown::On).await;
         let caps = host.clients()[0].capabilities().clone();
         assert_eq!(caps.operators.len(), if ops.is_some() { 2 } else { 5 });

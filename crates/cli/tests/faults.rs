@@ -54,15 +54,7 @@ fn cluster_with_table(rows: usize) -> TestCluster {
         text.push_str(&format!("{i}\n"));
     }
     std::fs::write(&csv, text).unwrap();
-    let (ok, _, err) = insitu(&[
-        "load",
-        "--table",
-        "t",
-        "--cluster",
-        cluster.file_arg(),
-        csv.to_str().unwrap(),
-    ]);
-    assert!(ok, "{err}");
+    cluster.load("t", &csv);
     cluster
 }
 
@@ -161,15 +153,7 @@ async fn device_down_at_start_is_reported_by_name() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn killed_device_mid_query_is_named_within_two_seconds_and_host_recovers() {
     let cluster = TestCluster::up(3, &[]);
-    let (ok, _, err) = insitu(&[
-        "gen",
-        "tpch",
-        "--sf",
-        "0.1",
-        "--cluster",
-        cluster.file_arg(),
-    ]);
-    assert!(ok, "{err}");
+    cluster.gen_tpch("0.1");
     let config = HostConfig {
         pushdown: Pushdown::On,
         target_partitions: 2,

@@ -11,15 +11,7 @@ use common::{insitu, TestCluster};
 #[ignore = "slow tier: INSITU_SLOW_TESTS=1 scripts/test.sh"]
 fn eight_clients_thirty_seconds_sf01_no_errors_within_memory_budget() {
     let cluster = TestCluster::up(4, &["--mem", "512MiB"]);
-    let (ok, _, err) = insitu(&[
-        "gen",
-        "tpch",
-        "--sf",
-        "0.1",
-        "--cluster",
-        cluster.file_arg(),
-    ]);
-    assert!(ok, "{err}");
+    cluster.gen_tpch("0.1");
     let (ok, out, err) = insitu(&[
         "bench",
         "load",

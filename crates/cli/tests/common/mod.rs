@@ -320,6 +320,20 @@ impl TestCluster {
         self.file.to_str().expect("utf-8 path")
     }
 
+    /// Loads `files` into `table` over Flight with `insitu load --cluster`.
+    pub fn load(&self, table: &str, file: &Path) {
+        let file = file.to_str().expect("utf-8 path");
+        let (ok, _, err) = insitu(&["load", "--table", table, "--cluster", self.file_arg(), file]);
+        assert!(ok, "load {table}: {err}");
+    }
+
+    /// Generates TPC-H over Flight with `insitu gen tpch --cluster`.
+    pub fn gen_tpch(&self, sf: &str) {
+        let args = ["gen", "tpch", "--sf", sf, "--cluster", self.file_arg()];
+        let (ok, _, err) = insitu(&args);
+        assert!(ok, "gen tpch --sf {sf}: {err}");
+    }
+
     pub fn entries(&self) -> Vec<insitu_flight::DeviceEntry> {
         insitu_flight::ClusterFile::load(&self.file)
             .expect("cluster file")
