@@ -173,30 +173,7 @@ impl FlightDeviceClient {
 
     /// A gRPC failure as a DataFusion error naming this device.
     fn status_error(&self, status: &Status) -> DataFusionError {
-        let message = status.message();
-        let text = if names_device(message) {
-            // The device named itself; add where it is.
-            let (_, rest) = message.split_once(':').expect("checked");
-            format!("{}:{rest}", self.display_name())
-        } else {
-            let what = match status.code() {
-                Code::Unavailable | Code::Unknown | Code::Cancelled | Code::Internal => {
-                    "connection lost or refused"
-                }
-                Code::DeadlineExceeded => "deadline exceeded",
-                Code::Unauthenticated => "authentication failed",
-                _ => "call failed",
-            };
-            let source = std::error::Error::source(status)
-                .map(|e| format!(" ({})", error_chain(e)))
-                .unwrap_or_default();
-            format!("{}: {what}: {message}{source}", self.display_name())
-        };
-        match status.code() {
-            Code::ResourceExhausted => DataFusionError::ResourcesExhausted(text),
-            Code::InvalidArgument => DataFusionError::Plan(text),
-            _ => DataFusionError::Execution(text),
-        }
+        status_to_error(&self.display_name(), status)
     }
 
     fn timed_out(&self, what: &str, after: Duration) -> DataFusionError {
@@ -386,6 +363,35 @@ fn committed_upload(
             Some((message, st))
         }
     })
+}
+
+/// A gRPC failure as a DataFusion error naming the device `name`. A
+/// message in which the device named itself keeps its text, with `name`
+/// (which adds where the device is) in place of the device's own prefix.
+fn status_to_error(name: &str, status: &Status) -> DataFusionError {
+    let message = status.message();
+    let text = if names_device(message) {
+        let (_, rest) = message.split_once(':').expect("checked");
+        format!("{name}:{rest}")
+    } else {
+        let what = match status.code() {
+            Code::Unavailable | Code::Unknown | Code::Cancelled | Code::Internal => {
+                "connection lost or refused"
+            }
+            Code::DeadlineExceeded => "deadline exceeded",
+            Code::Unauthenticated => "authentication failed",
+            _ => "call failed",
+        };
+        let source = std::error::Error::source(status)
+            .map(|e| format!(" ({})", error_chain(e)))
+            .unwrap_or_default();
+        format!("{name}: {what}: {message}{source}")
+    };
+    match status.code() {
+        Code::ResourceExhausted => DataFusionError::ResourcesExhausted(text),
+        Code::InvalidArgument => DataFusionError::Plan(text),
+        _ => DataFusionError::Execution(text),
+    }
 }
 
 /// An error and its sources, joined: transport errors hide the useful
@@ -597,23 +603,7 @@ impl ErrorNamer {
 
     fn flight_error(&self, e: FlightError) -> DataFusionError {
         match e {
-            FlightError::Tonic(status) => {
-                let message = status.message();
-                let text = if names_device(message) {
-                    let (_, rest) = message.split_once(':').expect("checked");
-                    format!("{}:{rest}", self.name)
-                } else {
-                    let source = std::error::Error::source(status.as_ref())
-                        .map(|e| format!(" ({})", error_chain(e)))
-                        .unwrap_or_default();
-                    self.describe(&format!("connection lost: {message}{source}"))
-                };
-                match status.code() {
-                    Code::ResourceExhausted => DataFusionError::ResourcesExhausted(text),
-                    Code::InvalidArgument => DataFusionError::Plan(text),
-                    _ => DataFusionError::Execution(text),
-                }
-            }
+            FlightError::Tonic(status) => status_to_error(&self.name, &status),
             FlightError::ProtocolError(text) if text.starts_with(&*self.name) => {
                 DataFusionError::Execution(text)
             }
@@ -721,5 +711,31 @@ mod tests {
         assert!(names_device("device 3: holds no partition 2 of table t"));
         assert!(!names_device("device went away"));
         assert!(!names_device("transport error"));
+    }
+
+    #[test]
+    fn statuses_become_errors_that_say_where_the_device_is() {
+        let name = "device 3 at http://10.0.0.7:7001";
+        let own = Status::invalid_argument("device 3: garbage plan");
+        let e = status_to_error(name, &own);
+        assert!(matches!(e, DataFusionError::Plan(_)), "{e}");
+        assert!(
+            e.to_string()
+                .contains("device 3 at http://10.0.0.7:7001: garbage plan"),
+            "{e}"
+        );
+        let lost = Status::unavailable("error reading a body");
+        let e = status_to_error(name, &lost).to_string();
+        assert!(
+            e.contains(&format!(
+                "{name}: connection lost or refused: error reading"
+            )),
+            "{e}"
+        );
+        let full = Status::resource_exhausted("device 3: memory budget");
+        assert!(matches!(
+            status_to_error(name, &full),
+            DataFusionError::ResourcesExhausted(_)
+        ));
     }
 }
