@@ -10,4 +10,11 @@ cargo clippy --release --workspace --all-targets -- -D warnings
 cargo test --release --workspace
 if [ "${INSITU_SLOW_TESTS:-0}" = "1" ]; then
   cargo test --release -p insitu --test tpch_sf01 --test load_test -- --ignored --nocapture
+  # The kernel benchmarks live outside the workspace (their competitor
+  # crates stay out of the product build); run each once so they do not rot.
+  bench_target="$CARGO_TARGET_DIR/bench-kernels"
+  cargo fmt --manifest-path bench/kernels/Cargo.toml -- --check
+  CARGO_TARGET_DIR="$bench_target" cargo clippy --release --manifest-path bench/kernels/Cargo.toml --all-targets -- -D warnings
+  CARGO_TARGET_DIR="$bench_target" cargo bench --manifest-path bench/kernels/Cargo.toml --bench kernels -- --test
+  CARGO_TARGET_DIR="$bench_target" cargo run --release --manifest-path bench/kernels/Cargo.toml --bin sortbench -- --rows 100000 --reps 1
 fi

@@ -1,0 +1,162 @@
+//! Criterion benches of every kernel at 1M rows (`cargo bench` here; with
+//! `-- --test` each runs once, which CI does so the benches do not rot).
+
+use std::sync::Arc;
+
+use arrow::array::{
+    ArrayRef, DictionaryArray, Float64Array, Int32Array, RecordBatch, StringArray, UInt64Array,
+};
+use arrow::compute::{SortColumn, SortOptions};
+use arrow::datatypes::{Field, Schema};
+use criterion::{criterion_group, criterion_main, Criterion, Throughput};
+use insitu_kernel_bench::{random_indices, random_u64};
+use insitu_kernels::*;
+
+const ROWS: usize = 1 << 20;
+
+fn argsorts(c: &mut Criterion) {
+    let mut g = c.benchmark_group("argsort");
+    g.throughput(Throughput::Elements(ROWS as u64));
+    let u64s = UInt64Array::from(random_u64(ROWS, 1));
+    g.bench_function("u64 random", |b| {
+        b.iter(|| argsort(&u64s, SortOptions::default()).unwrap())
+    });
+    g.bench_function("u64 random, 2 threads", |b| {
+        b.iter(|| argsort_to::<u32>(&u64s, SortOptions::default(), Parallelism(2)).unwrap())
+    });
+    let f64s = Float64Array::from(
+        random_u64(ROWS, 2)
+            .into_iter()
+            .map(|k| k as f64 - 9e18)
+            .collect::<Vec<_>>(),
+    );
+    g.bench_function("f64 descending", |b| {
+        b.iter(|| {
+            argsort(
+                &f64s,
+                SortOptions {
+                    descending: true,
+                    nulls_first: false,
+                },
+            )
+            .unwrap()
+        })
+    });
+    let small = Int32Array::from(
+        random_indices(ROWS, 200_000, 3)
+            .into_iter()
+            .map(|v| v as i32)
+            .collect::<Vec<_>>(),
+    );
+    g.bench_function("i32 range 200k", |b| {
+        b.iter(|| argsort(&small, SortOptions::default()).unwrap())
+    });
+    g.bench_function("u64 top 100", |b| {
+        b.iter(|| argsort_top_k::<u32>(&u64s, SortOptions::default(), 100).unwrap())
+    });
+    g.finish();
+}
+
+fn dictionary_string_column() -> ArrayRef {
+    let words: Vec<String> = (0..7).map(|i| format!("SHIPMODE-{i}")).collect();
+    let codes = Int32Array::from(
+        random_indices(ROWS, 7, 4)
+            .into_iter()
+            .map(|c| c as i32)
+            .collect::<Vec<_>>(),
+    );
+    Arc::new(DictionaryArray::new(
+        codes,
+        Arc::new(StringArray::from(words)),
+    ))
+}
+
+fn dictionaries(c: &mut Criterion) {
+    let mut g = c.benchmark_group("dictionary");
+    g.throughput(Throughput::Elements(ROWS as u64));
+    let dict = dictionary_string_column();
+    g.bench_function("sort_dictionary strings", |b| {
+        b.iter(|| sort_dictionary(dict.as_ref(), SortOptions::default()).unwrap())
+    });
+    g.bench_function("decode strings", |b| {
+        b.iter(|| dictionary_decode(dict.as_ref()).unwrap())
+    });
+    let codes = Int32Array::from(
+        random_indices(ROWS, 1 << 16, 5)
+            .into_iter()
+            .map(|c| c as i32)
+            .collect::<Vec<_>>(),
+    );
+    let fixed = DictionaryArray::new(codes, Arc::new(UInt64Array::from(random_u64(1 << 16, 6))));
+    g.bench_function("decode u64", |b| {
+        b.iter(|| dictionary_decode(&fixed).unwrap())
+    });
+    g.finish();
+}
+
+fn multi_column(c: &mut Criterion) {
+    let mut g = c.benchmark_group("argsort_columns");
+    g.throughput(Throughput::Elements(ROWS as u64));
+    let a: ArrayRef = dictionary_string_column();
+    let b: ArrayRef = Arc::new(Int32Array::from(
+        random_indices(ROWS, 1 << 20, 7)
+            .into_iter()
+            .map(|v| v as i32)
+            .collect::<Vec<_>>(),
+    ));
+    let cols = vec![
+        SortColumn {
+            values: a,
+            options: None,
+        },
+        SortColumn {
+            values: b,
+            options: Some(SortOptions {
+                descending: true,
+                nulls_first: false,
+            }),
+        },
+    ];
+    g.bench_function("dictionary string + i32", |bch| {
+        bch.iter(|| argsort_columns::<u32>(&cols, None, Parallelism(1)).unwrap())
+    });
+    g.finish();
+}
+
+fn gathers(c: &mut Criterion) {
+    let mut g = c.benchmark_group("gather");
+    g.throughput(Throughput::Elements(ROWS as u64));
+    let values = random_u64(ROWS * 8, 8);
+    let idx = random_indices(ROWS, ROWS * 8, 9);
+    g.bench_function("u64 values, random", |b| {
+        b.iter(|| gather_values(&values, &idx))
+    });
+    let rows: Vec<u8> = random_u64(ROWS * 2, 10)
+        .iter()
+        .flat_map(|v| v.to_le_bytes())
+        .collect();
+    let row_idx = random_indices(ROWS, ROWS, 11);
+    let mut out = Vec::new();
+    g.bench_function("16-byte rows, random", |b| {
+        b.iter(|| gather_rows(&rows, 16, &row_idx, &mut out))
+    });
+    let batch = RecordBatch::try_new(
+        Arc::new(Schema::new(vec![
+            Field::new("a", arrow::datatypes::DataType::UInt64, false),
+            Field::new("s", dictionary_string_column().data_type().clone(), false),
+        ])),
+        vec![
+            Arc::new(UInt64Array::from(random_u64(ROWS, 12))),
+            dictionary_string_column(),
+        ],
+    )
+    .unwrap();
+    let batch_idx = random_indices(ROWS, ROWS, 13);
+    g.bench_function("batch (u64 + dictionary)", |b| {
+        b.iter(|| gather_batch(&batch, &batch_idx).unwrap())
+    });
+    g.finish();
+}
+
+criterion_group!(benches, argsorts, dictionaries, multi_column, gathers);
+criterion_main!(benches);

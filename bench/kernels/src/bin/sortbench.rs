@@ -1,0 +1,354 @@
+//! Side-by-side kernel benchmark: argsort against other sorts, gather and
+//! dictionary decode against a copy of the same bytes. Prints medians and
+//! ratios as a markdown table and JSON lines.
+//!
+//! Usage: sortbench [--rows N] [--reps R] [--threads T] [--python PY]
+
+use std::process::Command;
+use std::sync::Arc;
+
+use arrow::array::{DictionaryArray, Int32Array, StringArray, UInt64Array};
+use arrow::compute::SortOptions;
+use insitu_kernel_bench::{median_secs, random_indices, random_u64};
+use insitu_kernels::{argsort_to, dictionary_decode, gather_values, Parallelism};
+
+/// A (key, row) pair as rdst and std sort it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord)]
+struct Pair {
+    key: u64,
+    row: u32,
+}
+
+impl rdst::RadixKey for Pair {
+    const LEVELS: usize = 8;
+    #[inline]
+    fn get_level(&self, level: usize) -> u8 {
+        (self.key >> (level * 8)) as u8
+    }
+}
+
+/// The same pair for voracious_radix_sort, ordered by key alone.
+#[derive(Clone, Copy, Debug, Default)]
+struct PairV(Pair);
+
+impl PartialOrd for PairV {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        self.0.key.partial_cmp(&other.0.key)
+    }
+}
+impl PartialEq for PairV {
+    fn eq(&self, other: &Self) -> bool {
+        self.0.key == other.0.key
+    }
+}
+impl voracious_radix_sort::Radixable<u64> for PairV {
+    type Key = u64;
+    #[inline]
+    fn key(&self) -> u64 {
+        self.0.key
+    }
+}
+
+struct Args {
+    rows: usize,
+    reps: usize,
+    threads: usize,
+    python: Option<String>,
+}
+
+fn parse_args() -> Args {
+    let mut args = Args {
+        rows: 100_000_000,
+        reps: 5,
+        threads: 2,
+        python: None,
+    };
+    let mut it = std::env::args().skip(1);
+    while let Some(a) = it.next() {
+        let mut value = || it.next().unwrap_or_else(|| panic!("{a} needs a value"));
+        match a.as_str() {
+            "--rows" => args.rows = value().parse().expect("--rows N"),
+            "--reps" => args.reps = value().parse().expect("--reps R"),
+            "--threads" => args.threads = value().parse().expect("--threads T"),
+            "--python" => args.python = Some(value()),
+            other => panic!("unknown argument {other}; usage: sortbench [--rows N] [--reps R] [--threads T] [--python PY]"),
+        }
+    }
+    args
+}
+
+fn row(group: &str, name: &str, secs: f64, items: usize, baseline: f64) {
+    println!(
+        "| {group} | {name} | {secs:.3} | {:.1} | {:.2}x |",
+        items as f64 / secs / 1e6,
+        secs / baseline
+    );
+    eprintln!(
+        "{}",
+        serde_json::json!({"group": group, "name": name, "median_s": secs, "items": items})
+    );
+}
+
+fn main() {
+    let args = parse_args();
+    let n = args.rows;
+    let reps = args.reps;
+    let t = args.threads;
+    println!("rows={n} reps={reps} threads={t} (median seconds; ratio = time / insitu time)\n");
+    println!("| group | implementation | median s | M items/s | time ratio |");
+    println!("|---|---|---:|---:|---:|");
+
+    // argsort of random u64 keys with u32 row indices.
+    let keys = random_u64(n, 1);
+    let keys_array = UInt64Array::from(keys.clone());
+    let ours = median_secs(
+        reps,
+        || (),
+        |_| argsort_to::<u32>(&keys_array, SortOptions::default(), Parallelism(t)).unwrap(),
+    );
+    let pairs = || {
+        keys.iter()
+            .enumerate()
+            .map(|(i, &key)| Pair { key, row: i as u32 })
+            .collect::<Vec<_>>()
+    };
+    row("argsort u64", "insitu radix", ours, n, ours);
+    let std_t = median_secs(reps, pairs, |mut p| {
+        p.sort_unstable_by_key(|x| x.key);
+        p
+    });
+    row("argsort u64", "std sort_unstable (pairs)", std_t, n, ours);
+    let std_stable = median_secs(reps, pairs, |mut p| {
+        p.sort_by_key(|x| x.key);
+        p
+    });
+    row(
+        "argsort u64",
+        "std sort (stable, pairs)",
+        std_stable,
+        n,
+        ours,
+    );
+    let rdst_t = median_secs(reps, pairs, |mut p| {
+        use rdst::RadixSort;
+        p.radix_sort_builder().with_parallel(t > 1).sort();
+        p
+    });
+    row("argsort u64", "rdst (pairs)", rdst_t, n, ours);
+    let vor = median_secs(
+        reps,
+        || pairs().into_iter().map(PairV).collect::<Vec<_>>(),
+        |mut p| {
+            use voracious_radix_sort::RadixSort;
+            if t > 1 {
+                p.voracious_mt_sort(t);
+            } else {
+                p.voracious_sort();
+            }
+            p
+        },
+    );
+    row("argsort u64", "voracious (pairs)", vor, n, ours);
+    if let Some(py) = &args.python {
+        for (name, secs) in python_argsorts(py, n, reps, t) {
+            row("argsort u64", &name, secs, n, ours);
+        }
+    }
+    drop(keys_array);
+    // STREAM-like copy and gathers over the same 8-byte values. Outputs go
+    // to warm buffers, as in an engine working batch by batch: a fresh
+    // buffer per call would measure page faults, not the kernel.
+    let mut dst = vec![1u64; n];
+    let copy = median_secs(reps, || (), |_| dst.copy_from_slice(&keys));
+    row(
+        "bandwidth",
+        "copy 8-byte values (STREAM copy, warm)",
+        copy,
+        n,
+        copy,
+    );
+    let random_idx = random_indices(n, n, 2);
+    let g = median_secs(
+        reps,
+        || (),
+        |_| in_batches(&random_idx, |idx| gather_values(&keys, idx)),
+    );
+    row(
+        "bandwidth",
+        "gather 8-byte values, random, 64Ki-row batches",
+        g,
+        n,
+        copy,
+    );
+    let seq: Vec<u32> = (0..n as u32).collect();
+    let gs = median_secs(
+        reps,
+        || (),
+        |_| in_batches(&seq, |idx| gather_values(&keys, idx)),
+    );
+    row(
+        "bandwidth",
+        "gather 8-byte values, sequential, 64Ki-row batches",
+        gs,
+        n,
+        copy,
+    );
+    let keys_array = UInt64Array::from(keys.clone());
+    let take = median_secs(
+        reps,
+        || (),
+        |_| {
+            in_batches(&random_idx, |idx| {
+                arrow::compute::take(
+                    &keys_array,
+                    &arrow::array::UInt32Array::from(idx.to_vec()),
+                    None,
+                )
+                .unwrap()
+            })
+        },
+    );
+    row(
+        "bandwidth",
+        "arrow take 8-byte values, random, 64Ki-row batches",
+        take,
+        n,
+        copy,
+    );
+    drop((random_idx, seq, keys_array));
+
+    // Dictionary decode: 64Ki-entry dictionaries, random codes, decoded
+    // 64Ki rows at a time.
+    let codes = Int32Array::from(
+        random_indices(n, 1 << 16, 3)
+            .into_iter()
+            .map(|c| c as i32)
+            .collect::<Vec<_>>(),
+    );
+    let decode = |dict: &DictionaryArray<arrow::datatypes::Int32Type>| {
+        median_secs(
+            reps,
+            || (),
+            |_| {
+                (0..n)
+                    .step_by(BATCH_ROWS)
+                    .map(|at| {
+                        dictionary_decode(&dict.slice(at, BATCH_ROWS.min(n - at)))
+                            .unwrap()
+                            .len()
+                    })
+                    .sum::<usize>()
+            },
+        )
+    };
+    let dict8 = DictionaryArray::new(
+        codes.clone(),
+        Arc::new(UInt64Array::from(random_u64(1 << 16, 4))),
+    );
+    let d8 = decode(&dict8);
+    row("dictionary decode", "8-byte values", d8, n, copy);
+    let dict4 = DictionaryArray::new(
+        codes.clone(),
+        Arc::new(Int32Array::from((0..1 << 16).collect::<Vec<i32>>())),
+    );
+    let d4 = decode(&dict4);
+    row("dictionary decode", "4-byte values", d4, n, copy);
+    let words: Vec<String> = (0..1 << 16)
+        .map(|i| format!("{:0width$}", i, width = 1 + i % 32))
+        .collect();
+    let dict_s = DictionaryArray::new(codes.clone(), Arc::new(StringArray::from(words)));
+    let avg_len: f64 = (0..1 << 16).map(|i| (1 + i % 32) as f64).sum::<f64>() / 65536.0;
+    let ds = decode(&dict_s);
+    row(
+        "dictionary decode",
+        &format!("strings 1-32 bytes (avg {avg_len:.1})"),
+        ds,
+        n,
+        copy,
+    );
+    let cast = median_secs(
+        reps,
+        || (),
+        |_| {
+            (0..n)
+                .step_by(BATCH_ROWS)
+                .map(|at| {
+                    arrow::compute::cast(
+                        &dict_s.slice(at, BATCH_ROWS.min(n - at)),
+                        &arrow::datatypes::DataType::Utf8,
+                    )
+                    .unwrap()
+                    .len()
+                })
+                .sum::<usize>()
+        },
+    );
+    row(
+        "dictionary decode",
+        "arrow cast strings (same input)",
+        cast,
+        n,
+        copy,
+    );
+    // Per row: 4-byte code read, value bytes written, 4-byte offset written.
+    let string_bytes = n as f64 * (avg_len + 8.0);
+    let copy_bytes_per_s = n as f64 * 16.0 / copy; // read + write
+    println!(
+        "\nstring decode {:.2} GB/s (codes read + bytes written) vs copy {:.2} GB/s (read + write) = {:.0}% of copy bandwidth",
+        string_bytes / ds / 1e9,
+        copy_bytes_per_s / 1e9,
+        100.0 * (string_bytes / ds) / copy_bytes_per_s
+    );
+    println!(
+        "fixed-width decode per core: 4-byte {:.2} G values/s, 8-byte {:.2} G values/s (single-threaded kernels)",
+        n as f64 / d4 / 1e9,
+        n as f64 / d8 / 1e9
+    );
+}
+
+const BATCH_ROWS: usize = 1 << 16;
+
+/// Runs `f` over `indices` in batches, as a device does.
+fn in_batches<R>(indices: &[u32], mut f: impl FnMut(&[u32]) -> R) -> usize {
+    indices
+        .chunks(BATCH_ROWS)
+        .map(|c| {
+            let _ = f(c);
+            c.len()
+        })
+        .sum()
+}
+
+/// numpy argsort and Polars arg_sort on the same keys (same seed, regenerated
+/// in Python as the same bytes through a file).
+fn python_argsorts(py: &str, n: usize, reps: usize, threads: usize) -> Vec<(String, f64)> {
+    let path = std::env::temp_dir().join(format!("insitu-sortbench-{}.u64", std::process::id()));
+    let keys = random_u64(n, 1);
+    let bytes: Vec<u8> = keys.iter().flat_map(|k| k.to_le_bytes()).collect();
+    std::fs::write(&path, bytes).expect("write keys for python");
+    drop(keys);
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../argsort_py.py");
+    let out = Command::new(py)
+        .arg(script)
+        .arg(&path)
+        .arg(reps.to_string())
+        .env("POLARS_MAX_THREADS", threads.to_string())
+        .env("OMP_NUM_THREADS", threads.to_string())
+        .output()
+        .expect("run python argsort benchmark");
+    let _ = std::fs::remove_file(&path);
+    if !out.status.success() {
+        eprintln!(
+            "python argsort failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        return vec![];
+    }
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| {
+            let (name, secs) = l.split_once('\t')?;
+            Some((name.to_string(), secs.parse().ok()?))
+        })
+        .collect()
+}

@@ -1,0 +1,405 @@
+//! `argsort`: an Arrow array in, the row indices that sort it out.
+//!
+//! Keys go through an order-preserving bit transform into unsigned
+//! integers and are sorted by the radix core ([`crate::radix`]):
+//!
+//! | type | transform |
+//! |---|---|
+//! | unsigned, boolean | as is |
+//! | signed, date, time, timestamp, duration, decimal128 | flip the sign bit |
+//! | float | negative: flip all bits; positive: flip the sign bit |
+//! | dictionary | rank of the value in the sorted dictionary ([`crate::dictionary`]) |
+//!
+//! Descending order flips all bits. NaN sorts above every other float (as
+//! in DuckDB and PostgreSQL), and every NaN is equal to every other; `-0.0`
+//! and `0.0` are equal. Nulls go first or last as the options say. Every
+//! path is stable: rows with equal keys keep their input order, so
+//! `argsort` is also the stable variant. Types without a transform (strings,
+//! lists, ...) fall back to a stable comparison sort.
+
+use std::sync::Arc;
+
+use arrow::array::{Array, ArrayRef, BooleanArray, UInt32Array, UInt64Array};
+use arrow::buffer::NullBuffer;
+use arrow::compute::SortOptions;
+use arrow::datatypes::{ArrowNativeType, DataType};
+use arrow::error::ArrowError;
+
+use crate::mem::huge_vec_with_capacity;
+use crate::radix::{sort_pairs, RadixKey, SortIndex};
+
+/// How many threads a kernel may use; 1 by default.
+#[derive(Debug, Clone, Copy)]
+pub struct Parallelism(pub usize);
+
+impl Default for Parallelism {
+    fn default() -> Self {
+        Parallelism(1)
+    }
+}
+
+/// Returns the indices that sort `values` (as `UInt32Array`, or
+/// `UInt64Array` past 2^32 rows).
+///
+/// ```
+/// use arrow::array::{Float64Array, UInt32Array};
+/// use arrow::compute::SortOptions;
+/// use insitu_kernels::argsort;
+///
+/// let values = Float64Array::from(vec![Some(2.5), None, Some(f64::NAN), Some(-1.0)]);
+/// let order = argsort(&values, SortOptions { descending: false, nulls_first: false }).unwrap();
+/// let order = order.as_any().downcast_ref::<UInt32Array>().unwrap();
+/// assert_eq!(order.values(), &[3, 0, 2, 1]);
+/// ```
+pub fn argsort(values: &dyn Array, options: SortOptions) -> Result<ArrayRef, ArrowError> {
+    if values.len() <= u32::MAX as usize {
+        let idx: Vec<u32> = argsort_to(values, options, Parallelism::default())?;
+        Ok(Arc::new(UInt32Array::from(idx)))
+    } else {
+        let idx: Vec<u64> = argsort_to(values, options, Parallelism::default())?;
+        Ok(Arc::new(UInt64Array::from(idx)))
+    }
+}
+
+/// [`argsort`] into a plain vector of `I`, with a thread budget.
+pub fn argsort_to<I: SortIndex>(
+    values: &dyn Array,
+    options: SortOptions,
+    threads: Parallelism,
+) -> Result<Vec<I>, ArrowError> {
+    if values.len() > I::MAX_ROWS {
+        return Err(ArrowError::InvalidArgumentError(format!(
+            "argsort of {} rows does not fit the index type (at most {} rows)",
+            values.len(),
+            I::MAX_ROWS
+        )));
+    }
+    let keys = match normalize(values, options)? {
+        Some(keys) => keys,
+        None => return comparison_argsort(values, options),
+    };
+    let out = keys.sort(threads.0);
+    debug_assert_eq!(out.len(), values.len());
+    Ok(out)
+}
+
+/// Keys as unsigned integers for the non-null rows, plus the null rows.
+pub(crate) enum NormalizedKeys<I> {
+    U32(Split<u32, I>),
+    U64(Split<u64, I>),
+    U128(Split<u128, I>),
+}
+
+/// Non-null keys with their row indices, and null rows in input order.
+pub(crate) struct Split<K, I> {
+    pub keys: Vec<K>,
+    pub rows: Vec<I>,
+    pub nulls: Vec<I>,
+    pub nulls_first: bool,
+}
+
+impl<K: RadixKey, I: SortIndex> Split<K, I> {
+    fn sort(self, threads: usize) -> Vec<I> {
+        let Split {
+            keys,
+            mut rows,
+            nulls,
+            nulls_first,
+        } = self;
+        sort_pairs(keys, &mut rows, threads);
+        join_nulls(rows, nulls, nulls_first)
+    }
+
+    /// The first `k` rows of the sorted order, without sorting the rest.
+    fn top_k(self, k: usize, threads: usize) -> Vec<I> {
+        let Split {
+            keys,
+            rows,
+            nulls,
+            nulls_first,
+        } = self;
+        if nulls_first && nulls.len() >= k {
+            return nulls[..k].to_vec();
+        }
+        let wanted = if nulls_first { k - nulls.len() } else { k };
+        let mut sorted_rows = if wanted < keys.len() / 2 {
+            let mut pairs: Vec<(K, I)> = keys.into_iter().zip(rows).collect();
+            // (key, row) order is the stable order; rows make pairs unique.
+            if wanted > 0 {
+                pairs.select_nth_unstable(wanted - 1);
+            }
+            pairs.truncate(wanted);
+            pairs.sort_unstable();
+            pairs.into_iter().map(|p| p.1).collect()
+        } else {
+            let mut rows = rows;
+            sort_pairs(keys, &mut rows, threads);
+            rows.truncate(wanted);
+            rows
+        };
+        sorted_rows.truncate(wanted);
+        let mut out = join_nulls(sorted_rows, nulls, nulls_first);
+        out.truncate(k);
+        out
+    }
+}
+
+fn join_nulls<I: Copy>(rows: Vec<I>, nulls: Vec<I>, nulls_first: bool) -> Vec<I> {
+    if nulls.is_empty() {
+        return rows;
+    }
+    let (mut head, tail) = if nulls_first {
+        (nulls, rows)
+    } else {
+        (rows, nulls)
+    };
+    head.extend_from_slice(&tail);
+    head
+}
+
+impl<I: SortIndex> NormalizedKeys<I> {
+    pub(crate) fn sort(self, threads: usize) -> Vec<I> {
+        match self {
+            NormalizedKeys::U32(s) => s.sort(threads),
+            NormalizedKeys::U64(s) => s.sort(threads),
+            NormalizedKeys::U128(s) => s.sort(threads),
+        }
+    }
+
+    /// (row, key widened to u128) of every non-null row.
+    pub(crate) fn row_keys(&self) -> Vec<(usize, u128)> {
+        fn pairs<K: RadixKey, I: SortIndex>(s: &Split<K, I>) -> Vec<(usize, u128)> {
+            s.rows
+                .iter()
+                .map(|r| r.as_usize())
+                .zip(s.keys.iter().map(|k| k.to_u128()))
+                .collect()
+        }
+        match self {
+            NormalizedKeys::U32(s) => pairs(s),
+            NormalizedKeys::U64(s) => pairs(s),
+            NormalizedKeys::U128(s) => pairs(s),
+        }
+    }
+
+    pub(crate) fn top_k(self, k: usize, threads: usize) -> Vec<I> {
+        match self {
+            NormalizedKeys::U32(s) => s.top_k(k, threads),
+            NormalizedKeys::U64(s) => s.top_k(k, threads),
+            NormalizedKeys::U128(s) => s.top_k(k, threads),
+        }
+    }
+}
+
+/// The first `k` indices of `argsort(values)`, found without a full sort.
+///
+/// ```
+/// use arrow::array::Int64Array;
+/// use arrow::compute::SortOptions;
+/// use insitu_kernels::argsort_top_k;
+///
+/// let values = Int64Array::from(vec![5, 1, 4, 1, 3]);
+/// let top: Vec<u32> = argsort_top_k(&values, SortOptions::default(), 3).unwrap();
+/// assert_eq!(top, vec![1, 3, 4]);
+/// ```
+pub fn argsort_top_k<I: SortIndex>(
+    values: &dyn Array,
+    options: SortOptions,
+    k: usize,
+) -> Result<Vec<I>, ArrowError> {
+    let k = k.min(values.len());
+    let out = match normalize::<I>(values, options)? {
+        Some(keys) => keys.top_k(k, 1),
+        None => {
+            let mut all = comparison_argsort(values, options)?;
+            all.truncate(k);
+            all
+        }
+    };
+    debug_assert_eq!(out.len(), k);
+    Ok(out)
+}
+
+/// Order-preserving transform of `values`, or `None` if the type has none.
+pub(crate) fn normalize<I: SortIndex>(
+    values: &dyn Array,
+    options: SortOptions,
+) -> Result<Option<NormalizedKeys<I>>, ArrowError> {
+    use DataType::*;
+    let (desc, nf) = (options.descending, options.nulls_first);
+    let nulls = values.nulls();
+    let n = values.len();
+    let data = values.to_data();
+    let keys = match values.data_type() {
+        Boolean => {
+            let a = values.as_any().downcast_ref::<BooleanArray>().unwrap();
+            NormalizedKeys::U32(split(n, nulls, desc, nf, |i| a.value(i) as u32))
+        }
+        Float32 => {
+            let v = data.buffer::<f32>(0);
+            NormalizedKeys::U32(split(n, nulls, desc, nf, |i| f32_key(v[i])))
+        }
+        Float64 => {
+            let v = data.buffer::<f64>(0);
+            NormalizedKeys::U64(split(n, nulls, desc, nf, |i| f64_key(v[i])))
+        }
+        Dictionary(_, _) => {
+            let ranks = crate::dictionary::dictionary_ranks(values)?;
+            let r = ranks.ranks.values();
+            NormalizedKeys::U32(split(n, ranks.ranks.nulls(), desc, nf, |i| r[i]))
+        }
+        Int8 => NormalizedKeys::U32(split(n, nulls, desc, nf, keys_of::<i8, _>(&data))),
+        Int16 => NormalizedKeys::U32(split(n, nulls, desc, nf, keys_of::<i16, _>(&data))),
+        Int32 | Date32 | Time32(_) | Decimal32(_, _) => {
+            NormalizedKeys::U32(split(n, nulls, desc, nf, keys_of::<i32, _>(&data)))
+        }
+        UInt8 => NormalizedKeys::U32(split(n, nulls, desc, nf, keys_of::<u8, _>(&data))),
+        UInt16 => NormalizedKeys::U32(split(n, nulls, desc, nf, keys_of::<u16, _>(&data))),
+        UInt32 => NormalizedKeys::U32(split(n, nulls, desc, nf, keys_of::<u32, _>(&data))),
+        Int64 | Date64 | Time64(_) | Timestamp(_, _) | Duration(_) | Decimal64(_, _) => {
+            NormalizedKeys::U64(split(n, nulls, desc, nf, keys_of::<i64, _>(&data)))
+        }
+        UInt64 => NormalizedKeys::U64(split(n, nulls, desc, nf, keys_of::<u64, _>(&data))),
+        Decimal128(_, _) => {
+            let v = data.buffer::<i128>(0);
+            NormalizedKeys::U128(split(n, nulls, desc, nf, |i| v[i].key()))
+        }
+        _ => return Ok(None),
+    };
+    Ok(Some(keys))
+}
+
+/// The key of row `i` of a primitive array whose values are `T`.
+fn keys_of<'a, T: IntegerKey, K: FromKey>(
+    data: &'a arrow::array::ArrayData,
+) -> impl Fn(usize) -> K + 'a {
+    let v = data.buffer::<T>(0);
+    move |i| K::from_key(v[i].key())
+}
+
+/// Truncation of a key image to the radix width (the image fits by type).
+pub(crate) trait FromKey {
+    fn from_key(k: u128) -> Self;
+}
+impl FromKey for u32 {
+    #[inline(always)]
+    fn from_key(k: u128) -> Self {
+        k as u32
+    }
+}
+impl FromKey for u64 {
+    #[inline(always)]
+    fn from_key(k: u128) -> Self {
+        k as u64
+    }
+}
+
+/// Applies `key` to every row: non-null rows to `keys`/`rows`, null rows to
+/// `nulls`. Descending order inverts the keys.
+fn split<K: RadixKey + std::ops::Not<Output = K>, I: SortIndex>(
+    n: usize,
+    nulls: Option<&NullBuffer>,
+    descending: bool,
+    nulls_first: bool,
+    key: impl Fn(usize) -> K,
+) -> Split<K, I> {
+    let null_count = nulls.map_or(0, |b| b.null_count());
+    let mut out = Split {
+        keys: huge_vec_with_capacity(n - null_count),
+        rows: huge_vec_with_capacity(n - null_count),
+        nulls: Vec::with_capacity(null_count),
+        nulls_first,
+    };
+    let flip = |k: K| if descending { !k } else { k };
+    match nulls.filter(|b| b.null_count() > 0) {
+        None => {
+            out.keys.extend((0..n).map(|i| flip(key(i))));
+            out.rows.extend((0..n).map(I::from_usize));
+        }
+        Some(valid) => {
+            for i in 0..n {
+                if valid.is_valid(i) {
+                    out.keys.push(flip(key(i)));
+                    out.rows.push(I::from_usize(i));
+                } else {
+                    out.nulls.push(I::from_usize(i));
+                }
+            }
+        }
+    }
+    out
+}
+
+/// Order-preserving image of an f64: NaN above +inf, -0.0 equal to 0.0.
+#[inline(always)]
+pub(crate) fn f64_key(x: f64) -> u64 {
+    if x.is_nan() {
+        return u64::MAX;
+    }
+    let bits = if x == 0.0 { 0 } else { x.to_bits() };
+    if bits >> 63 == 1 {
+        !bits
+    } else {
+        bits | (1 << 63)
+    }
+}
+
+/// Order-preserving image of an f32: NaN above +inf, -0.0 equal to 0.0.
+#[inline(always)]
+pub(crate) fn f32_key(x: f32) -> u32 {
+    if x.is_nan() {
+        return u32::MAX;
+    }
+    let bits = if x == 0.0 { 0 } else { x.to_bits() };
+    if bits >> 31 == 1 {
+        !bits
+    } else {
+        bits | (1 << 31)
+    }
+}
+
+/// A native integer with an order-preserving unsigned image.
+pub(crate) trait IntegerKey: ArrowNativeType {
+    fn key(self) -> u128;
+}
+
+macro_rules! signed_key {
+    ($t:ty, $u:ty) => {
+        impl IntegerKey for $t {
+            #[inline(always)]
+            fn key(self) -> u128 {
+                ((self as $u) ^ (1 << (<$u>::BITS - 1))) as u128
+            }
+        }
+    };
+}
+macro_rules! unsigned_key {
+    ($t:ty) => {
+        impl IntegerKey for $t {
+            #[inline(always)]
+            fn key(self) -> u128 {
+                self as u128
+            }
+        }
+    };
+}
+signed_key!(i8, u8);
+signed_key!(i16, u16);
+signed_key!(i32, u32);
+signed_key!(i64, u64);
+signed_key!(i128, u128);
+unsigned_key!(u8);
+unsigned_key!(u16);
+unsigned_key!(u32);
+unsigned_key!(u64);
+
+/// Stable comparison sort for types without a bit transform.
+fn comparison_argsort<I: SortIndex>(
+    values: &dyn Array,
+    options: SortOptions,
+) -> Result<Vec<I>, ArrowError> {
+    let compare = arrow::array::make_comparator(values, values, options)?;
+    let mut idx: Vec<usize> = (0..values.len()).collect();
+    idx.sort_by(|&a, &b| compare(a, b));
+    Ok(idx.into_iter().map(I::from_usize).collect())
+}

@@ -1,0 +1,267 @@
+//! Dictionary decode (NASCENT2 section 3.6): codes in, plain values out.
+//!
+//! ```text
+//!   fixed width:  out[i] = values[code[i]]                 (a gather)
+//!   strings:      index[code] = (byte offset, length)      (built once)
+//!                 pass 1: out offsets = prefix sum of index[code[i]].len
+//!                 pass 2: copy bytes[offset .. offset+len] for each row
+//! ```
+
+use std::sync::Arc;
+
+use arrow::array::{
+    make_array, Array, ArrayData, ArrayRef, AsArray, DictionaryArray, GenericByteArray,
+    PrimitiveArray,
+};
+use arrow::buffer::{BooleanBuffer, Buffer, NullBuffer, OffsetBuffer, ScalarBuffer};
+use arrow::datatypes::ArrowNativeType;
+use arrow::datatypes::{
+    ArrowDictionaryKeyType, BinaryType, ByteArrayType, DataType, LargeBinaryType, LargeUtf8Type,
+    Utf8Type,
+};
+use arrow::downcast_dictionary_array;
+use arrow::error::ArrowError;
+
+use crate::gather::gather_values;
+
+/// Decodes a dictionary array into a plain array of its value type.
+///
+/// ```
+/// use arrow::array::{Array, DictionaryArray, StringArray};
+/// use arrow::datatypes::Int32Type;
+/// use insitu_kernels::dictionary_decode;
+///
+/// let dict: DictionaryArray<Int32Type> = vec!["AIR", "RAIL", "AIR"].into_iter().collect();
+/// let plain = dictionary_decode(&dict).unwrap();
+/// assert_eq!(plain.as_any().downcast_ref::<StringArray>().unwrap(),
+///            &StringArray::from(vec!["AIR", "RAIL", "AIR"]));
+/// ```
+pub fn dictionary_decode(array: &dyn Array) -> Result<ArrayRef, ArrowError> {
+    downcast_dictionary_array!(
+        array => decode_typed(array),
+        t => Err(ArrowError::InvalidArgumentError(format!(
+            "dictionary decode needs a dictionary array, got {t}"
+        )))
+    )
+}
+
+fn decode_typed<K: ArrowDictionaryKeyType>(
+    dict: &DictionaryArray<K>,
+) -> Result<ArrayRef, ArrowError> {
+    let values = dict.values();
+    let keys = dict.keys();
+    let fixed_width = values.data_type().is_primitive() && values.data_type() != &DataType::Boolean;
+    if fixed_width && keys.null_count() == 0 && values.logical_null_count() == 0 {
+        return decode_fixed_direct(keys.values(), values.as_ref());
+    }
+    let codes = codes_in_range(keys, values.len());
+    let nulls = row_nulls(dict, &codes);
+    match values.data_type() {
+        DataType::Utf8 => decode_bytes(values.as_bytes::<Utf8Type>(), &codes, nulls),
+        DataType::LargeUtf8 => decode_bytes(values.as_bytes::<LargeUtf8Type>(), &codes, nulls),
+        DataType::Binary => decode_bytes(values.as_bytes::<BinaryType>(), &codes, nulls),
+        DataType::LargeBinary => decode_bytes(values.as_bytes::<LargeBinaryType>(), &codes, nulls),
+        dt if dt.is_primitive() && !matches!(dt, DataType::Boolean) => {
+            decode_fixed(values.as_ref(), &codes, nulls)
+        }
+        _ => arrow::compute::cast(dict, values.data_type()),
+    }
+}
+
+/// The codes as u32 indices; null rows get code 0 (their output is masked).
+/// Precondition: every non-null code indexes the dictionary.
+fn codes_in_range<K: ArrowDictionaryKeyType>(
+    keys: &PrimitiveArray<K>,
+    dictionary_len: usize,
+) -> Vec<u32> {
+    keys.values()
+        .iter()
+        .enumerate()
+        .map(|(i, k)| {
+            if keys.is_null(i) {
+                return 0;
+            }
+            let code = k.as_usize();
+            assert!(
+                code < dictionary_len,
+                "dictionary key {code} at row {i} out of range ({dictionary_len} values)"
+            );
+            code as u32
+        })
+        .collect()
+}
+
+/// A row is null if its key is null or the value its key names is null.
+fn row_nulls<K: ArrowDictionaryKeyType>(
+    dict: &DictionaryArray<K>,
+    codes: &[u32],
+) -> Option<NullBuffer> {
+    let value_nulls = dict.values().logical_nulls().filter(|n| n.null_count() > 0);
+    let key_nulls = dict.keys().nulls().filter(|n| n.null_count() > 0);
+    if value_nulls.is_none() && key_nulls.is_none() {
+        return None;
+    }
+    let valid = BooleanBuffer::collect_bool(codes.len(), |i| {
+        key_nulls.is_none_or(|n| n.is_valid(i))
+            && value_nulls
+                .as_ref()
+                .is_none_or(|n| n.is_valid(codes[i] as usize))
+    });
+    Some(NullBuffer::new(valid))
+}
+
+/// The common case in one pass: no nulls, keys used as indices directly.
+fn decode_fixed_direct<N: ArrowNativeType>(
+    keys: &[N],
+    values: &dyn Array,
+) -> Result<ArrayRef, ArrowError> {
+    fn by_keys<N: ArrowNativeType, T: ArrowNativeType>(keys: &[N], values: &[T]) -> Buffer {
+        let mut out = Vec::with_capacity(keys.len());
+        out.extend(keys.iter().map(|k| match values.get(k.as_usize()) {
+            Some(&v) => v,
+            None => key_out_of_range(k.as_usize(), values.len()),
+        }));
+        out.into()
+    }
+    let data = values.to_data();
+    let buffer = match values.data_type().primitive_width() {
+        Some(1) => by_keys(keys, data.buffer::<u8>(0)),
+        Some(2) => by_keys(keys, data.buffer::<u16>(0)),
+        Some(4) => by_keys(keys, data.buffer::<u32>(0)),
+        Some(8) => by_keys(keys, data.buffer::<u64>(0)),
+        Some(16) => by_keys(keys, data.buffer::<u128>(0)),
+        w => {
+            return Err(ArrowError::NotYetImplemented(format!(
+                "dictionary decode of {}-byte values",
+                w.unwrap_or(0)
+            )))
+        }
+    };
+    let out = ArrayData::builder(values.data_type().clone())
+        .len(keys.len())
+        .add_buffer(buffer)
+        .build()?;
+    Ok(make_array(out))
+}
+
+#[cold]
+fn key_out_of_range(key: usize, dictionary_len: usize) -> ! {
+    panic!("dictionary key {key} out of range ({dictionary_len} values)")
+}
+
+fn decode_fixed(
+    values: &dyn Array,
+    codes: &[u32],
+    nulls: Option<NullBuffer>,
+) -> Result<ArrayRef, ArrowError> {
+    let data = values.to_data();
+    let buffer = match values.data_type().primitive_width() {
+        Some(1) => gather_values(data.buffer::<u8>(0), codes).into(),
+        Some(2) => gather_values(data.buffer::<u16>(0), codes).into(),
+        Some(4) => gather_values(data.buffer::<u32>(0), codes).into(),
+        Some(8) => gather_values(data.buffer::<u64>(0), codes).into(),
+        Some(16) => gather_values(data.buffer::<u128>(0), codes).into(),
+        w => {
+            return Err(ArrowError::NotYetImplemented(format!(
+                "dictionary decode of {}-byte values",
+                w.unwrap_or(0)
+            )))
+        }
+    };
+    let out = ArrayData::builder(values.data_type().clone())
+        .len(codes.len())
+        .add_buffer(buffer)
+        .nulls(nulls)
+        .build()?;
+    Ok(make_array(out))
+}
+
+/// Variable-length values through an (offset, length) index per code.
+fn decode_bytes<T: ByteArrayType>(
+    values: &GenericByteArray<T>,
+    codes: &[u32],
+    nulls: Option<NullBuffer>,
+) -> Result<ArrayRef, ArrowError> {
+    let bytes = values.value_data();
+    if bytes.len() > u32::MAX as usize {
+        // The index holds 32-bit offsets; Arrow's take handles the rest.
+        let idx = arrow::array::UInt32Array::new(codes.to_vec().into(), nulls);
+        return arrow::compute::take(values, &idx, None);
+    }
+    let index: Vec<(u32, u32)> = values
+        .value_offsets()
+        .windows(2)
+        .map(|w| {
+            (
+                w[0].as_usize() as u32,
+                (w[1].as_usize() - w[0].as_usize()) as u32,
+            )
+        })
+        .collect();
+    let is_valid = |row: usize| nulls.as_ref().is_none_or(|n| n.is_valid(row));
+    let mut out_offsets = Vec::with_capacity(codes.len() + 1);
+    let mut total = 0usize;
+    out_offsets.push(T::Offset::usize_as(0));
+    for (row, &code) in codes.iter().enumerate() {
+        if is_valid(row) {
+            total += index[code as usize].1 as usize;
+        }
+        out_offsets.push(T::Offset::usize_as(total));
+    }
+    if T::Offset::from_usize(total).is_none() {
+        return Err(ArrowError::InvalidArgumentError(format!(
+            "decoded values reach {total} bytes, past what {} offsets hold",
+            T::DATA_TYPE
+        )));
+    }
+    let out_bytes = copy_values(bytes, &index, codes, &is_valid, total);
+    let offsets = OffsetBuffer::new(ScalarBuffer::from(out_offsets));
+    // SAFETY: each row's bytes are one whole value of `values` (valid for
+    // T, UTF-8 included) and the offsets are their running sum.
+    let out = unsafe { GenericByteArray::<T>::new_unchecked(offsets, out_bytes.into(), nulls) };
+    Ok(Arc::new(out))
+}
+
+/// Bytes copied per value by the short-value path (one 32-byte move
+/// instead of a variable-length memcpy call).
+const SHORT_VALUE_BYTES: usize = 32;
+
+/// Concatenates the values the codes name (`total` bytes in all).
+fn copy_values(
+    bytes: &[u8],
+    index: &[(u32, u32)],
+    codes: &[u32],
+    is_valid: &dyn Fn(usize) -> bool,
+    total: usize,
+) -> Vec<u8> {
+    let mut out: Vec<u8> = Vec::with_capacity(total + SHORT_VALUE_BYTES);
+    let dst = out.as_mut_ptr();
+    let mut at = 0usize;
+    for (row, &code) in codes.iter().enumerate() {
+        if !is_valid(row) {
+            continue;
+        }
+        let (start, len) = index[code as usize];
+        let (start, len) = (start as usize, len as usize);
+        let src = &bytes[start..start + len]; // bounds-checked
+                                              // SAFETY: `at + len <= total` (the offsets pass summed the same
+                                              // lengths) and capacity is `total + 32`, so the 32-byte store stays
+                                              // inside the allocation; the source read is checked to be in bounds.
+        unsafe {
+            if len <= SHORT_VALUE_BYTES && start + SHORT_VALUE_BYTES <= bytes.len() {
+                let chunk = bytes.as_ptr().add(start) as *const [u8; SHORT_VALUE_BYTES];
+                std::ptr::write_unaligned(
+                    dst.add(at) as *mut [u8; SHORT_VALUE_BYTES],
+                    chunk.read_unaligned(),
+                );
+            } else {
+                std::ptr::copy_nonoverlapping(src.as_ptr(), dst.add(at), len);
+            }
+        }
+        at += len;
+    }
+    assert_eq!(at, total, "copied bytes match the offsets");
+    // SAFETY: bytes [0, total) were all written above.
+    unsafe { out.set_len(total) };
+    out
+}

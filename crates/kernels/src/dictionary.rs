@@ -1,0 +1,186 @@
+//! Generic sort of dictionary-encoded keys (NASCENT2 section 3.3).
+//!
+//! ```text
+//!   dictionary values   sort once (small)      sorted unique values
+//!   ["USA","Brazil",..] ------------------->   ["Brazil",...,"USA"]
+//!                        key mapping table
+//!                        old code -> rank      [5, 2, 3, 0, ...]
+//!   codes [0,2,4,1,3]  --map------------->     ranks [5,2,3,4,0]
+//!   ranks --radix argsort--> sorted ranks --decode--> sorted values
+//! ```
+//!
+//! Ranks are dense (equal values share a rank), so the order of ranks is
+//! the order of values and ties stay ties. Works for any dictionary value
+//! type Arrow can compare: strings, binary, floats, decimals, ...
+
+use std::sync::Arc;
+
+use arrow::array::{
+    make_comparator, Array, ArrayRef, AsArray, DictionaryArray, PrimitiveArray, UInt32Array,
+};
+use arrow::buffer::NullBuffer;
+use arrow::compute::SortOptions;
+use arrow::datatypes::{ArrowDictionaryKeyType, ArrowNativeType, DataType, UInt32Type};
+use arrow::downcast_dictionary_array;
+use arrow::error::ArrowError;
+
+use crate::argsort::{argsort_to, normalize};
+use crate::Parallelism;
+
+/// Each row's dense rank in the sorted dictionary, and the sorted values.
+#[derive(Debug)]
+pub struct DictionaryRanks {
+    /// Row `i`'s rank; null where the key or its value is null.
+    pub ranks: UInt32Array,
+    /// `sorted_values[r]` is the value of rank `r`; ascending, no nulls.
+    pub sorted_values: ArrayRef,
+}
+
+/// Maps every row of a dictionary array to its value's rank (NKey).
+///
+/// ```
+/// use arrow::array::{DictionaryArray, StringArray, UInt32Array};
+/// use arrow::datatypes::Int32Type;
+/// use insitu_kernels::dictionary_ranks;
+///
+/// let dict: DictionaryArray<Int32Type> =
+///     vec!["USA", "Chile", "Brazil", "USA"].into_iter().collect();
+/// let r = dictionary_ranks(&dict).unwrap();
+/// assert_eq!(r.ranks, UInt32Array::from(vec![2, 1, 0, 2]));
+/// assert_eq!(r.sorted_values.len(), 3);
+/// ```
+pub fn dictionary_ranks(array: &dyn Array) -> Result<DictionaryRanks, ArrowError> {
+    downcast_dictionary_array!(
+        array => ranks_of(array),
+        t => Err(ArrowError::InvalidArgumentError(format!(
+            "dictionary ranks need a dictionary array, got {t}"
+        )))
+    )
+}
+
+fn ranks_of<K: ArrowDictionaryKeyType>(
+    dict: &DictionaryArray<K>,
+) -> Result<DictionaryRanks, ArrowError> {
+    let values = dict.values();
+    let (mapping, sorted_values) = key_mapping_table(values.as_ref())?;
+    let keys = dict.keys();
+    let mut ranks = Vec::with_capacity(keys.len());
+    let mut valid = Vec::with_capacity(keys.len());
+    for (i, &code) in keys.values().iter().enumerate() {
+        let code = code.as_usize();
+        // Precondition: every non-null key indexes the dictionary.
+        let rank = if keys.is_valid(i) {
+            assert!(
+                code < mapping.len(),
+                "dictionary key {code} out of range (dictionary has {} values)",
+                mapping.len()
+            );
+            mapping[code]
+        } else {
+            None
+        };
+        ranks.push(rank.unwrap_or(0));
+        valid.push(rank.is_some());
+    }
+    let nulls = NullBuffer::from(valid);
+    let nulls = (nulls.null_count() > 0).then_some(nulls);
+    let ranks = UInt32Array::new(ranks.into(), nulls);
+    debug_assert!(ranks
+        .iter()
+        .flatten()
+        .all(|r| (r as usize) < sorted_values.len()));
+    Ok(DictionaryRanks {
+        ranks,
+        sorted_values,
+    })
+}
+
+/// Sorts the dictionary values once: old code -> dense rank (None for a
+/// null value), and the distinct values in ascending order.
+pub fn key_mapping_table(values: &dyn Array) -> Result<(Vec<Option<u32>>, ArrayRef), ArrowError> {
+    let options = SortOptions {
+        descending: false,
+        nulls_first: false,
+    };
+    if values.len() > u32::MAX as usize {
+        return Err(ArrowError::InvalidArgumentError(format!(
+            "dictionary of {} values has more than 2^32 ranks",
+            values.len()
+        )));
+    }
+    let order: Vec<u32> = argsort_to(values, options, Parallelism::default())?;
+    let same = value_equality(values, options)?;
+    let mut mapping = vec![None; values.len()];
+    let mut firsts: Vec<u32> = Vec::new();
+    for &code in &order {
+        if values.is_null(code as usize) {
+            continue; // nulls sort last; they have no rank
+        }
+        let same_as_previous = firsts
+            .last()
+            .is_some_and(|&p| same(p as usize, code as usize));
+        if !same_as_previous {
+            firsts.push(code);
+        }
+        mapping[code as usize] = Some(firsts.len() as u32 - 1);
+    }
+    let sorted_values = arrow::compute::take(values, &UInt32Array::from(firsts), None)?;
+    Ok((mapping, sorted_values))
+}
+
+/// Equality of two values in the sort's sense: through the order-preserving
+/// keys where the type has them (so NaN == NaN and -0.0 == 0.0, as the sort
+/// orders them), else Arrow's comparator.
+fn value_equality(
+    values: &dyn Array,
+    options: SortOptions,
+) -> Result<Box<dyn Fn(usize, usize) -> bool>, ArrowError> {
+    Ok(match normalize::<u32>(values, options)? {
+        Some(keys) => {
+            let mut by_row = vec![0u128; values.len()];
+            for (row, key) in keys.row_keys() {
+                by_row[row] = key;
+            }
+            Box::new(move |a, b| by_row[a] == by_row[b])
+        }
+        None => {
+            let compare = make_comparator(values, values, options)?;
+            Box::new(move |a, b| compare(a, b).is_eq())
+        }
+    })
+}
+
+/// Sorts a dictionary column: the row order and the sorted column itself,
+/// still dictionary-encoded (ranks as keys into the sorted values). Decode
+/// it with [`crate::dictionary_decode`] when plain values are wanted.
+///
+/// ```
+/// use arrow::array::{Array, DictionaryArray, StringArray};
+/// use arrow::compute::SortOptions;
+/// use arrow::datatypes::Int8Type;
+/// use insitu_kernels::{dictionary_decode, sort_dictionary};
+///
+/// let dict: DictionaryArray<Int8Type> = vec!["b", "c", "a", "b"].into_iter().collect();
+/// let (order, sorted) = sort_dictionary(&dict, SortOptions::default()).unwrap();
+/// assert_eq!(order, vec![2, 0, 3, 1]);
+/// let plain = dictionary_decode(&sorted).unwrap();
+/// let plain = plain.as_any().downcast_ref::<StringArray>().unwrap();
+/// assert_eq!(plain.iter().flatten().collect::<Vec<_>>(), ["a", "b", "b", "c"]);
+/// ```
+pub fn sort_dictionary(
+    array: &dyn Array,
+    options: SortOptions,
+) -> Result<(Vec<u32>, DictionaryArray<UInt32Type>), ArrowError> {
+    if !matches!(array.data_type(), DataType::Dictionary(_, _)) {
+        return Err(ArrowError::InvalidArgumentError(format!(
+            "sort_dictionary needs a dictionary array, got {}",
+            array.data_type()
+        )));
+    }
+    let ranks = dictionary_ranks(array)?;
+    let order: Vec<u32> = argsort_to(&ranks.ranks, options, Parallelism::default())?;
+    let sorted_ranks = arrow::compute::take(&ranks.ranks, &UInt32Array::from(order.clone()), None)?;
+    let keys: PrimitiveArray<UInt32Type> = sorted_ranks.as_primitive::<UInt32Type>().clone();
+    let sorted = DictionaryArray::try_new(keys, Arc::clone(&ranks.sorted_values))?;
+    Ok((order, sorted))
+}

@@ -1,0 +1,30 @@
+//! Sort, shuffle and dictionary-decode kernels over Arrow arrays.
+//!
+//! The device side of a table sort (NASCENT2): sort the key column into
+//! row indices, then gather whole rows by those indices. Every kernel is a
+//! synchronous free function: no I/O, no async, no global state. Each one
+//! asserts its preconditions (indices and dictionary keys in range) and is
+//! tested against a naive reference in `tests/`.
+//!
+//! | kernel | what |
+//! |---|---|
+//! | [`argsort`], [`argsort_to`], [`argsort_top_k`] | one key column -> sorted row indices (radix) |
+//! | [`argsort_columns`] | several key columns -> sorted row indices (row keys + radix) |
+//! | [`dictionary_ranks`], [`sort_dictionary`] | generic sort of dictionary-encoded keys |
+//! | [`gather`], [`gather_batch`], [`gather_rows`], [`gather_values`] | shuffle by indices |
+//! | [`dictionary_decode`] | dictionary codes -> plain values |
+
+mod argsort;
+mod decode;
+mod dictionary;
+mod gather;
+mod mem;
+pub mod radix;
+mod rows;
+
+pub use argsort::{argsort, argsort_to, argsort_top_k, Parallelism};
+pub use decode::dictionary_decode;
+pub use dictionary::{dictionary_ranks, key_mapping_table, sort_dictionary, DictionaryRanks};
+pub use gather::{gather, gather_batch, gather_rows, gather_values};
+pub use radix::SortIndex;
+pub use rows::argsort_columns;
