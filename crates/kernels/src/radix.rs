@@ -419,10 +419,7 @@ fn parallel_top_level<K: RadixKey, I: SortIndex>(
         idx: scratch_idx.as_mut_ptr(),
     };
     std::thread::scope(|s| {
-        for ((part_k, part_i), mut offsets) in keys
-            .chunks(chunk)
-            .zip(idx.chunks(chunk))
-            .zip(starts)
+        for ((part_k, part_i), mut offsets) in keys.chunks(chunk).zip(idx.chunks(chunk)).zip(starts)
         {
             let target = &target;
             s.spawn(move || {
