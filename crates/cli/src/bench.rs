@@ -11,7 +11,9 @@ use insitu_host::{InsituHost, QueryStats};
 use insitu_link::LinkProfile;
 use serde::Serialize;
 
-use crate::session::{budget, connect_cluster, gen_tpch_into, gen_tpch_onto, host_with, Target};
+use crate::session::{
+    budget, connect_cluster, gen_tpch_into, gen_tpch_onto, host_with, GenTpch, Target,
+};
 use crate::tpch_queries::{parse_list, query};
 use crate::units::human_bytes;
 use crate::DeviceArgs;
@@ -265,7 +267,7 @@ pub fn tpch_devices(
         "generating TPC-H SF {sf} on {devices} devices under {}",
         root.display()
     );
-    gen_tpch_into(root, &budget(args), sf, devices, 1, true)
+    gen_tpch_into(root, &budget(args), &GenTpch::parquet(sf, devices))
 }
 
 /// Connects to a cluster, generating TPC-H over Flight if it holds none.
@@ -281,7 +283,7 @@ pub async fn tpch_cluster(path: &std::path::Path, sf: f64) -> Result<Target, Str
             "generating TPC-H SF {sf} on the devices of {}",
             path.display()
         );
-        tokio::task::spawn_blocking(move || gen_tpch_onto(&clients, sf, 1, true))
+        tokio::task::spawn_blocking(move || gen_tpch_onto(&clients, &GenTpch::parquet(sf, 0)))
             .await
             .map_err(|e| e.to_string())??;
     }
@@ -511,5 +513,64 @@ pub async fn load(a: LoadArgs) -> Result<(), String> {
     if !report.memory_within_budget {
         return Err("a device exceeded its memory budget".into());
     }
+    Ok(())
+}
+
+#[derive(Args, Debug)]
+pub struct SqlBenchArgs {
+    /// The query.
+    pub query: String,
+    /// Timed runs (after one untimed warm-up run).
+    #[arg(long, default_value_t = 5)]
+    pub runs: usize,
+    /// Run the data-reducing work on the devices (on) or on the host (off).
+    #[arg(long, value_enum, default_value_t = crate::OnOff::On)]
+    pub pushdown: crate::OnOff,
+    /// Link between host and each device (default: unlimited).
+    #[arg(long)]
+    pub link: Option<LinkProfile>,
+    #[command(flatten)]
+    pub device: DeviceArgs,
+}
+
+/// What `bench sql` prints: one JSON object.
+#[derive(Debug, Serialize)]
+struct SqlBenchResult {
+    query: String,
+    pushdown: bool,
+    rows: u64,
+    runs_secs: Vec<f64>,
+    median_secs: f64,
+    link_bytes_to_host: u64,
+}
+
+pub async fn sql(a: SqlBenchArgs) -> Result<(), String> {
+    if a.runs == 0 {
+        return Err("--runs must be at least 1".into());
+    }
+    let pushdown = a.pushdown == crate::OnOff::On;
+    let host = crate::session::open_host(&a.device, a.link, pushdown).await?;
+    let warm = host.sql(&a.query).await.map_err(|e| e.to_string())?;
+    let mut runs = Vec::with_capacity(a.runs);
+    let mut last = warm.stats;
+    for _ in 0..a.runs {
+        let outcome = host.sql(&a.query).await.map_err(|e| e.to_string())?;
+        runs.push(outcome.stats.wall_secs);
+        last = outcome.stats;
+    }
+    let mut sorted = runs.clone();
+    sorted.sort_by(f64::total_cmp);
+    let result = SqlBenchResult {
+        query: a.query,
+        pushdown,
+        rows: last.result_rows,
+        median_secs: sorted[sorted.len() / 2],
+        runs_secs: runs,
+        link_bytes_to_host: last.link_bytes_to_host,
+    };
+    println!(
+        "{}",
+        serde_json::to_string(&result).map_err(|e| e.to_string())?
+    );
     Ok(())
 }

@@ -5,6 +5,7 @@ mod demo;
 mod output;
 mod server;
 mod session;
+mod sortjob;
 mod tpch_queries;
 mod units;
 
@@ -36,6 +37,9 @@ enum Command {
     Load(LoadArgs),
     /// Run SQL (interactive prompt when no query is given).
     Sql(SqlArgs),
+    /// Sort a whole table into a new table, range-partitioned over the
+    /// devices: reading it in partition order is globally sorted.
+    Sort(sortjob::SortArgs),
     /// Build TPC-H SF1 on 4 devices (once) and compare pushdown with pull.
     Demo(DemoArgs),
     /// Benchmarks.
@@ -83,6 +87,9 @@ enum BenchWhat {
     Tpch(bench::BenchArgs),
     /// Concurrent clients running TPC-H queries against a cluster.
     Load(bench::LoadArgs),
+    /// One SQL query run repeatedly (results collected, not printed);
+    /// prints each run's time and the median as JSON.
+    Sql(bench::SqlBenchArgs),
 }
 
 /// Where the devices are and what budget each gets.
@@ -103,6 +110,41 @@ pub struct DeviceArgs {
     pub threads: usize,
 }
 
+#[derive(Copy, Clone, Debug, PartialEq, Eq, ValueEnum)]
+pub enum LayoutArg {
+    /// PAX: Parquet row groups of column chunks.
+    Parquet,
+    /// Key columns column-wise, the other columns row-wise (fast table sorts by the key).
+    Hybrid,
+}
+
+/// The partition layout of new tables.
+#[derive(Args, Debug, Clone)]
+pub struct LayoutArgs {
+    /// Partition layout of the new table(s).
+    #[arg(long, value_enum, default_value_t = LayoutArg::Parquet)]
+    pub layout: LayoutArg,
+    /// Key columns the hybrid layout stores column-wise, comma-separated
+    /// (default: the table's first column; with gen, each table keys on the
+    /// listed columns it has).
+    #[arg(long, value_delimiter = ',')]
+    pub hybrid_key: Vec<String>,
+}
+
+impl LayoutArgs {
+    pub fn choice(&self) -> Result<insitu_ingest::LayoutChoice, String> {
+        match self.layout {
+            LayoutArg::Parquet if !self.hybrid_key.is_empty() => {
+                Err("--hybrid-key needs --layout hybrid".into())
+            }
+            LayoutArg::Parquet => Ok(insitu_ingest::LayoutChoice::Parquet),
+            LayoutArg::Hybrid => Ok(insitu_ingest::LayoutChoice::Hybrid {
+                keys: self.hybrid_key.clone(),
+            }),
+        }
+    }
+}
+
 #[derive(Args, Debug)]
 struct GenTpchArgs {
     /// Scale factor (1 = 6M lineitem rows).
@@ -118,6 +160,8 @@ struct GenTpchArgs {
     #[arg(long)]
     replace: bool,
     #[command(flatten)]
+    layout: LayoutArgs,
+    #[command(flatten)]
     device: DeviceArgs,
 }
 
@@ -132,6 +176,8 @@ struct LoadArgs {
     /// Overwrite the table if it exists.
     #[arg(long)]
     replace: bool,
+    #[command(flatten)]
+    layout: LayoutArgs,
     #[command(flatten)]
     device: DeviceArgs,
     /// Parquet (.parquet) or CSV with header (.csv) files.
@@ -223,17 +269,18 @@ async fn run(cli: Cli) -> Result<(), String> {
         Command::Gen {
             what: GenWhat::Tpch(a),
         } => {
-            session::gen_tpch(
-                &a.device,
-                a.sf,
-                a.devices,
-                a.partitions_per_device,
-                a.replace,
-            )
-            .await
+            let tpch = session::GenTpch {
+                sf: a.sf,
+                devices: a.devices,
+                per_device: a.partitions_per_device,
+                replace: a.replace,
+                layout: a.layout.choice()?,
+            };
+            session::gen_tpch(&a.device, tpch).await
         }
         Command::Load(a) => {
-            session::load(&a.device, &a.table, a.devices, a.replace, &a.files).await
+            let layout = a.layout.choice()?;
+            session::load(&a.device, &a.table, a.devices, a.replace, layout, &a.files).await
         }
         Command::Sql(a) => {
             let pushdown = a.pushdown == OnOff::On;
@@ -243,6 +290,7 @@ async fn run(cli: Cli) -> Result<(), String> {
                 None => session::repl(&host, a.format).await,
             }
         }
+        Command::Sort(a) => sortjob::run(a).await,
         Command::Demo(a) => demo::run(a).await,
         Command::Bench {
             what: BenchWhat::Tpch(a),
@@ -250,6 +298,9 @@ async fn run(cli: Cli) -> Result<(), String> {
         Command::Bench {
             what: BenchWhat::Load(a),
         } => bench::load(a).await,
+        Command::Bench {
+            what: BenchWhat::Sql(a),
+        } => bench::sql(a).await,
         Command::Device {
             what: DeviceWhat::Serve(a),
         } => server::serve(a).await,

@@ -10,7 +10,8 @@ use insitu_device::Device;
 use insitu_flight::FlightDeviceClient;
 use insitu_host::{embedded_clients, DeviceClient, HostConfig, InsituHost, Pushdown, QueryStats};
 use insitu_ingest::{
-    gen_tpch as ingest_tpch, load_files, LoadOptions, PartitionSink, TpchOptions, TPCH_TABLES,
+    gen_tpch as ingest_tpch, load_files, LayoutChoice, LoadOptions, PartitionSink, TpchOptions,
+    TPCH_TABLES,
 };
 use insitu_link::LinkProfile;
 
@@ -61,21 +62,43 @@ pub async fn connect_cluster(
         .map_err(|e| e.to_string())
 }
 
+/// What `gen tpch` generates.
+#[derive(Debug, Clone)]
+pub struct GenTpch {
+    pub sf: f64,
+    pub devices: u32,
+    pub per_device: u32,
+    pub replace: bool,
+    pub layout: LayoutChoice,
+}
+
+impl GenTpch {
+    /// Every table at `sf` in Parquet on `devices`, replacing what is there.
+    pub fn parquet(sf: f64, devices: u32) -> Self {
+        Self {
+            sf,
+            devices,
+            per_device: 1,
+            replace: true,
+            layout: LayoutChoice::Parquet,
+        }
+    }
+}
+
 /// Generates TPC-H onto `sinks`, with a progress bar per table.
 pub fn gen_tpch_onto<S: PartitionSink + ?Sized>(
     sinks: &[Arc<S>],
-    sf: f64,
-    per_device: u32,
-    replace: bool,
+    gen: &GenTpch,
 ) -> Result<(), String> {
     let options = TpchOptions {
-        scale_factor: sf,
-        partitions_per_device: per_device,
-        replace,
+        scale_factor: gen.sf,
+        partitions_per_device: gen.per_device,
+        replace: gen.replace,
+        layout: gen.layout.clone(),
         ..Default::default()
     };
     for table in TPCH_TABLES {
-        let bar = progress_bar(insitu_ingest::tpch_expected_rows(table, sf), table);
+        let bar = progress_bar(insitu_ingest::tpch_expected_rows(table, gen.sf), table);
         let tick = |n: u64| bar.inc(n);
         ingest_tpch(sinks, &[table], &options, &tick).map_err(|e| e.to_string())?;
         bar.finish();
@@ -87,19 +110,16 @@ pub fn gen_tpch_onto<S: PartitionSink + ?Sized>(
 pub fn gen_tpch_into(
     root: &Path,
     budget: &DeviceBudget,
-    sf: f64,
-    devices: u32,
-    per_device: u32,
-    replace: bool,
+    gen: &GenTpch,
 ) -> Result<Vec<Arc<Device>>, String> {
-    let devs = create_root(root, devices, budget).map_err(|e| e.to_string())?;
-    gen_tpch_onto(&devs, sf, per_device, replace)?;
+    let devs = create_root(root, gen.devices, budget).map_err(|e| e.to_string())?;
+    gen_tpch_onto(&devs, gen)?;
     Ok(devs)
 }
 
 /// Runs blocking ingest work off the async threads (Flight sinks block on
 /// the runtime from there).
-async fn blocking<T: Send + 'static>(
+pub async fn blocking<T: Send + 'static>(
     f: impl FnOnce() -> Result<T, String> + Send + 'static,
 ) -> Result<T, String> {
     tokio::task::spawn_blocking(f)
@@ -107,23 +127,17 @@ async fn blocking<T: Send + 'static>(
         .map_err(|e| format!("ingest task failed: {e}"))?
 }
 
-pub async fn gen_tpch(
-    args: &DeviceArgs,
-    sf: f64,
-    devices: u32,
-    per_device: u32,
-    replace: bool,
-) -> Result<(), String> {
+pub async fn gen_tpch(args: &DeviceArgs, gen: GenTpch) -> Result<(), String> {
+    let sf = gen.sf;
     if let Some(cluster) = &args.cluster {
         let clients = connect_cluster(cluster, None).await?;
         let n = clients.len();
-        blocking(move || gen_tpch_onto(&clients, sf, per_device, replace)).await?;
+        blocking(move || gen_tpch_onto(&clients, &gen)).await?;
         eprintln!("TPC-H SF {sf} on the {n} devices of {}", cluster.display());
         return Ok(());
     }
-    let (root, budget) = (args.root.clone(), budget(args));
-    blocking(move || gen_tpch_into(&root, &budget, sf, devices, per_device, replace).map(drop))
-        .await?;
+    let (root, budget, devices) = (args.root.clone(), budget(args), gen.devices);
+    blocking(move || gen_tpch_into(&root, &budget, &gen).map(drop)).await?;
     eprintln!(
         "TPC-H SF {sf} on {devices} devices under {}",
         args.root.display()
@@ -136,17 +150,23 @@ pub async fn load(
     table: &str,
     devices: u32,
     replace: bool,
+    layout: LayoutChoice,
     files: &[PathBuf],
 ) -> Result<(), String> {
     let (table, files) = (table.to_string(), files.to_vec());
+    let options = LoadOptions {
+        replace,
+        layout,
+        ..Default::default()
+    };
     let rows = if let Some(cluster) = &args.cluster {
         let clients = connect_cluster(cluster, None).await?;
-        blocking(move || load_onto(&clients, &table, replace, &files)).await?
+        blocking(move || load_onto(&clients, &table, &options, &files)).await?
     } else {
         let (root, budget) = (args.root.clone(), budget(args));
         blocking(move || {
             let devs = create_root(&root, devices, &budget).map_err(|e| e.to_string())?;
-            load_onto(&devs, &table, replace, &files)
+            load_onto(&devs, &table, &options, &files)
         })
         .await?
     };
@@ -157,7 +177,7 @@ pub async fn load(
 fn load_onto<S: PartitionSink + ?Sized>(
     devs: &[Arc<S>],
     table: &str,
-    replace: bool,
+    options: &LoadOptions,
     files: &[PathBuf],
 ) -> Result<u64, String> {
     let bar = ProgressBar::new_spinner();
@@ -166,17 +186,7 @@ fn load_onto<S: PartitionSink + ?Sized>(
             .expect("template"),
     );
     let tick = |n: u64| bar.inc(n);
-    load_files(
-        devs,
-        table,
-        files,
-        &LoadOptions {
-            replace,
-            ..Default::default()
-        },
-        &tick,
-    )
-    .map_err(|e| e.to_string())?;
+    load_files(devs, table, files, options, &tick).map_err(|e| e.to_string())?;
     bar.finish();
     eprintln!(
         "loaded {} rows into {table} on {} devices",

@@ -82,7 +82,7 @@ async fn wrong_or_missing_token_is_rejected() {
         .unwrap_err();
     assert_eq!(get.code(), Code::Unauthenticated);
     let hello = HandshakeRequest {
-        protocol_version: 1,
+        protocol_version: u64::from(insitu_wire::PROTOCOL_VERSION),
         payload: Bytes::from_static(b"guess"),
     };
     let shake = client
@@ -97,7 +97,7 @@ async fn wrong_or_missing_token_is_rejected() {
         .await
         .expect("authorized call");
     let hello = HandshakeRequest {
-        protocol_version: 1,
+        protocol_version: u64::from(insitu_wire::PROTOCOL_VERSION),
         payload: Bytes::from(token.clone()),
     };
     client

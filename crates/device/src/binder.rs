@@ -10,10 +10,11 @@ use datafusion::datasource::listing::PartitionedFile;
 use datafusion::datasource::physical_plan::{FileScanConfigBuilder, ParquetSource};
 use datafusion::datasource::source::DataSourceExec;
 use datafusion::execution::object_store::ObjectStoreUrl;
+use datafusion::physical_plan::union::UnionExec;
 use datafusion::physical_plan::ExecutionPlan;
 use insitu_format::{schema_of, verify_file};
-use insitu_stage::{PartitionBinder, PartitionScanExec};
-use insitu_wire::Manifest;
+use insitu_stage::{HybridFile, HybridScanExec, PartitionBinder, PartitionScanExec};
+use insitu_wire::{LayoutKind, Manifest};
 
 /// Checksums already verified in this process: (table, partition, crc32).
 pub(crate) type VerifiedSet = Arc<Mutex<HashSet<(String, u32, u32)>>>;
@@ -50,6 +51,7 @@ impl PartitionBinder for DeviceBinder {
     fn bind(&self, scan: &PartitionScanExec) -> Result<Arc<dyn ExecutionPlan>> {
         let table = scan.table();
         let mut files = Vec::with_capacity(scan.partitions().len());
+        let mut hybrid = vec![];
         for p in scan.partitions() {
             let d = self
                 .manifest
@@ -63,11 +65,46 @@ impl PartitionBinder for DeviceBinder {
             }
             self.verify_once(d)?;
             let path = self.dir.join(&d.file);
+            if d.layout == LayoutKind::Hybrid {
+                let path = object_store::path::Path::from_absolute_path(&path)
+                    .map_err(|e| DataFusionError::External(Box::new(e)))?;
+                hybrid.push(HybridFile::new(path, d.clone())?);
+                continue;
+            }
             files.push(PartitionedFile::new(
                 path.display().to_string(),
                 d.byte_size,
             ));
         }
+        let hybrid_scan = (!hybrid.is_empty())
+            .then(|| {
+                HybridScanExec::try_new(
+                    ObjectStoreUrl::local_filesystem(),
+                    hybrid,
+                    Arc::clone(scan.table_schema()),
+                    scan.projection().map(<[usize]>::to_vec),
+                    self.target_partitions,
+                )
+            })
+            .transpose()?
+            .map(|s| Arc::new(s) as Arc<dyn ExecutionPlan>);
+        let parquet_scan = (!files.is_empty())
+            .then(|| self.parquet_scan(scan, files))
+            .transpose()?;
+        match (parquet_scan, hybrid_scan) {
+            (Some(p), Some(h)) => Ok(UnionExec::try_new(vec![p, h])?),
+            (Some(one), None) | (None, Some(one)) => Ok(one),
+            (None, None) => self.parquet_scan(scan, vec![]),
+        }
+    }
+}
+
+impl DeviceBinder {
+    fn parquet_scan(
+        &self,
+        scan: &PartitionScanExec,
+        files: Vec<PartitionedFile>,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
         let source = Arc::new(ParquetSource::new(Arc::clone(scan.table_schema())));
         let mut builder = FileScanConfigBuilder::new(ObjectStoreUrl::local_filesystem(), source);
         for f in files {

@@ -84,6 +84,22 @@ fn referenced_bytes(views: &[u128]) -> usize {
         .sum()
 }
 
+/// One batch as a complete Arrow IPC stream (small answers: key samples).
+pub fn batch_to_ipc(batch: &RecordBatch) -> Result<Vec<u8>, ArrowError> {
+    let mut writer = StreamWriter::try_new(Vec::new(), &batch.schema())?;
+    writer.write(batch)?;
+    writer.finish()?;
+    writer.into_inner()
+}
+
+/// The batches of an Arrow IPC stream, concatenated into one.
+pub fn ipc_to_batch(bytes: &[u8]) -> Result<RecordBatch, ArrowError> {
+    let reader = arrow::ipc::reader::StreamReader::try_new(std::io::Cursor::new(bytes), None)?;
+    let schema = reader.schema();
+    let batches = reader.collect::<Result<Vec<_>, _>>()?;
+    arrow::compute::concat_batches(&schema, &batches)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -8,9 +8,12 @@
 
 mod binder;
 mod error;
+mod hybrid_sort;
 mod ipc;
+mod job;
 mod pool;
 pub mod root;
+mod sort;
 mod store;
 
 use std::collections::{BTreeMap, BTreeSet, HashSet};
@@ -45,8 +48,10 @@ use object_store::{ObjectStore, ObjectStoreExt};
 use tokio::sync::mpsc;
 
 pub use error::{DeviceError, DeviceErrorKind, DeviceResult};
+pub use hybrid_sort::HybridSortExec;
 pub use insitu_wire::StageStats;
-pub use ipc::IpcChunker;
+pub use ipc::{batch_to_ipc, ipc_to_batch, IpcChunker};
+pub use sort::{use_kernel_sorts, KernelSortExec};
 
 use binder::{DeviceBinder, VerifiedSet};
 use pool::PeakTrackingPool;
@@ -69,6 +74,11 @@ pub struct DeviceConfig {
     /// Operators this device runs (and advertises); plans using others are
     /// rejected.
     pub operators: Vec<Operator>,
+    /// Run top-k (ORDER BY ... LIMIT k) with the kernels too. Off by
+    /// default: DataFusion's TopK keeps a dynamic filter of its current
+    /// k-th key that prunes row groups before they are read; a kernel
+    /// top-k has to read every row first.
+    pub kernel_top_k: bool,
 }
 
 impl DeviceConfig {
@@ -79,6 +89,7 @@ impl DeviceConfig {
             threads: 2,
             late_materialization: false,
             operators: Operator::ALL.to_vec(),
+            kernel_top_k: false,
         }
     }
 }
@@ -262,7 +273,10 @@ impl Device {
             device_id: self.config.id,
             operators,
             data_types: SUPPORTED_TYPES.iter().map(|s| s.to_string()).collect(),
-            layouts: vec![layout_name(LayoutKind::Parquet)],
+            layouts: vec![
+                layout_name(LayoutKind::Parquet),
+                layout_name(LayoutKind::Hybrid),
+            ],
             encodings: [
                 Encoding::Plain,
                 Encoding::Dictionary,
@@ -382,18 +396,18 @@ impl Device {
         let df_err = |e| DeviceError::from_datafusion(id, self.config.mem_bytes_max, e);
         let manifest = self.check_descriptors(&envelope.descriptors)?;
         let state = self.ctx.state();
-        let binder = Arc::new(DeviceBinder {
-            device: id,
-            dir: self.dir.clone(),
-            manifest,
-            verified: Arc::clone(&self.verified),
-            config: Arc::new(state.config_options().as_ref().clone()),
-            target_partitions: self.config.threads.max(1),
-        });
+        let binder = self.binder(manifest);
         let task_ctx = self.ctx.task_ctx();
         let plan = decode_stage(&envelope.plan, &task_ctx, binder).map_err(df_err)?;
         self.check_operators(&plan)?;
+        let plan = use_kernel_sorts(plan, self.config.threads, self.config.kernel_top_k)
+            .map_err(df_err)?;
         let plan = FilterPushdown::new()
+            .optimize(plan, state.config_options())
+            .map_err(df_err)?;
+        // The post-optimization pass pushes dynamic filters (a TopK's
+        // running threshold) into the scan, which prunes row groups.
+        let plan = FilterPushdown::new_post_optimization()
             .optimize(plan, state.config_options())
             .map_err(df_err)?;
         let root: Arc<dyn ExecutionPlan> = if plan.output_partitioning().partition_count() > 1 {
@@ -451,6 +465,18 @@ impl Device {
             "stage finished"
         );
         send(DeviceMessage::Done(stats)).await
+    }
+
+    /// Binds stage scans to this device's files, as described by `manifest`.
+    fn binder(&self, manifest: Manifest) -> Arc<DeviceBinder> {
+        Arc::new(DeviceBinder {
+            device: self.config.id,
+            dir: self.dir.clone(),
+            manifest,
+            verified: Arc::clone(&self.verified),
+            config: Arc::new(self.ctx.state().config_options().as_ref().clone()),
+            target_partitions: self.config.threads.max(1),
+        })
     }
 
     fn record(&self, stats: &StageStats) {
@@ -551,6 +577,13 @@ impl Device {
             writer.write(&batch).map_err(io)?;
         }
         let descriptor = writer.finish().map_err(io)?;
+        self.publish(descriptor)
+    }
+
+    /// Records a finished partition in the manifest: from now on it is visible.
+    fn publish(&self, descriptor: FormatDescriptor) -> DeviceResult<FormatDescriptor> {
+        let io =
+            |e: insitu_format::FormatError| self.err(DeviceErrorKind::Execution, e.to_string());
         self.counters
             .partitions_ingested
             .fetch_add(1, Ordering::Relaxed);
@@ -652,10 +685,17 @@ fn encoding_name(encoding: Encoding) -> String {
 fn operator_of(node: &Arc<dyn ExecutionPlan>) -> Result<Option<Operator>, String> {
     use datafusion::physical_plan::aggregates::{AggregateExec, AggregateMode};
     let op = match node.name() {
-        "DataSourceExec" | "PartitionScanExec" => Operator::Scan,
+        "DataSourceExec" | "PartitionScanExec" | "HybridScanExec" => Operator::Scan,
         "FilterExec" => Operator::Filter,
         "ProjectionExec" => Operator::Projection,
         "LocalLimitExec" | "GlobalLimitExec" => Operator::Limit,
+        // "SortExec" or "SortExec(TopK)"
+        name if name.starts_with("SortExec")
+            || name == "KernelSortExec"
+            || name == "HybridSortExec" =>
+        {
+            Operator::Sort
+        }
         "AggregateExec"
             if node
                 .downcast_ref::<AggregateExec>()
@@ -663,7 +703,9 @@ fn operator_of(node: &Arc<dyn ExecutionPlan>) -> Result<Option<Operator>, String
         {
             Operator::PartialAggregate
         }
-        "CoalesceBatchesExec" | "CoalescePartitionsExec" | "RepartitionExec" => return Ok(None),
+        "CoalesceBatchesExec" | "CoalescePartitionsExec" | "RepartitionExec" | "UnionExec" => {
+            return Ok(None)
+        }
         other => return Err(other.to_string()),
     };
     Ok(Some(op))

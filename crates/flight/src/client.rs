@@ -22,8 +22,8 @@ use async_trait::async_trait;
 use bytes::Bytes;
 use datafusion::common::{DataFusionError, Result};
 use futures::stream::{self, BoxStream, StreamExt};
-use insitu_device::DeviceMessage;
-use insitu_format::WriterOptions;
+use insitu_device::{ipc_to_batch, DeviceMessage};
+use insitu_format::{PartitionLayout, WriterOptions};
 use insitu_host::DeviceClient;
 use insitu_ingest::{BatchSource, IngestError, IngestResult, PartitionSink};
 use insitu_link::{Direction, Link};
@@ -32,7 +32,8 @@ use insitu_wire::protocol::{
     ReadRangeRequest, GRPC_MESSAGE_BYTES_MAX,
 };
 use insitu_wire::{
-    Capabilities, DeviceStats, Manifest, PutCommit, PutRequest, StageStats, PROTOCOL_VERSION,
+    Capabilities, DeviceStats, FormatDescriptor, Manifest, PutCommit, PutRequest,
+    SampleKeysRequest, SortTableRequest, StageStats, PROTOCOL_VERSION,
 };
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint};
 use tonic::{Code, Request, Status};
@@ -236,10 +237,15 @@ impl FlightDeviceClient {
 
     /// Runs an action and concatenates its result bodies.
     async fn action(&self, name: &str, body: Vec<u8>) -> Result<Bytes> {
+        self.action_within(name, body, self.options.call_timeout)
+            .await
+    }
+
+    /// [`Self::action`] with its own deadline (long device jobs).
+    async fn action_within(&self, name: &str, body: Vec<u8>, timeout: Duration) -> Result<Bytes> {
         self.link
             .transfer(Direction::HostToDevice, name.len() + body.len())
             .await;
-        let timeout = self.options.call_timeout;
         let request = self.request(
             Action {
                 r#type: name.to_string(),
@@ -477,6 +483,28 @@ impl DeviceClient for FlightDeviceClient {
         Ok(bytes)
     }
 
+    async fn sample_keys(&self, request: &SampleKeysRequest) -> Result<RecordBatch> {
+        let bytes = self
+            .action_within(
+                action::SAMPLE_KEYS,
+                to_json_bytes(request),
+                self.options.stage_timeout,
+            )
+            .await?;
+        ipc_to_batch(&bytes).map_err(|e| self.protocol_error(format!("key sample: {e}")))
+    }
+
+    async fn sort_table(&self, request: &SortTableRequest) -> Result<Vec<FormatDescriptor>> {
+        let bytes = self
+            .action_within(
+                action::SORT_TABLE,
+                to_json_bytes(request),
+                self.options.stage_timeout,
+            )
+            .await?;
+        from_json_bytes(&bytes, "sort_table answer").map_err(|e| self.protocol_error(e))
+    }
+
     fn storage_bytes_read(&self) -> u64 {
         self.storage_bytes.load(Ordering::Relaxed)
     }
@@ -647,6 +675,10 @@ impl PartitionSink for FlightDeviceClient {
             table: table.to_string(),
             partition,
             row_group_rows_max: options.row_group_rows_max as u64,
+            hybrid_key_columns: match &options.layout {
+                PartitionLayout::Parquet => vec![],
+                PartitionLayout::Hybrid { key_columns } => key_columns.clone(),
+            },
         };
         let (tx, rx) = tokio::sync::mpsc::channel(4);
         let upload = {

@@ -28,12 +28,14 @@ use arrow_flight::{
 };
 use bytes::Bytes;
 use futures::stream::{self, BoxStream, StreamExt};
-use insitu_device::{Device, DeviceError, DeviceErrorKind, DeviceMessage};
-use insitu_format::WriterOptions;
+use insitu_device::{batch_to_ipc, Device, DeviceError, DeviceErrorKind, DeviceMessage};
+use insitu_format::{PartitionLayout, WriterOptions};
 use insitu_wire::protocol::{
     action, from_json_bytes, to_json_bytes, DropTableRequest, ReadRangeRequest, RANGE_CHUNK_BYTES,
 };
-use insitu_wire::{DeviceStats, PutCommit, PutRequest, PROTOCOL_VERSION};
+use insitu_wire::{
+    DeviceStats, PutCommit, PutRequest, SampleKeysRequest, SortTableRequest, PROTOCOL_VERSION,
+};
 use tonic::{Request, Response, Status, Streaming};
 
 use crate::split::ipc_chunk_to_flight;
@@ -180,6 +182,44 @@ impl DeviceService {
             })
             .collect();
         Ok(Response::new(stream::iter(chunks).boxed()))
+    }
+
+    async fn sample_keys(&self, body: Vec<u8>) -> Result<Response<ActionStream>, Status> {
+        let r: SampleKeysRequest =
+            from_json_bytes(&body, "sample_keys request").map_err(|e| self.invalid(e))?;
+        let device = Arc::clone(&self.state.device);
+        let id = self.state.id();
+        let bytes = tokio::task::spawn_blocking(move || {
+            let sample = device.sample_keys(&r).map_err(status_of)?;
+            batch_to_ipc(&sample)
+                .map_err(|e| Status::internal(format!("device {id}: key sample: {e}")))
+        })
+        .await
+        .map_err(|e| Status::internal(format!("device {id}: sample task failed: {e}")))??;
+        Ok(self.one_result(bytes))
+    }
+
+    async fn sort_table(&self, body: Vec<u8>) -> Result<Response<ActionStream>, Status> {
+        let r: SortTableRequest =
+            from_json_bytes(&body, "sort_table request").map_err(|e| self.invalid(e))?;
+        if !table_name_ok(&r.into) {
+            return Err(self.invalid(format!(
+                "table name '{}' must be 1 to 128 letters, digits and underscores",
+                r.into
+            )));
+        }
+        let device = Arc::clone(&self.state.device);
+        let id = self.state.id();
+        let written = tokio::task::spawn_blocking(move || device.sort_table(&r))
+            .await
+            .map_err(|e| Status::internal(format!("device {id}: sort task failed: {e}")))?
+            .map_err(status_of)?;
+        tracing::info!(
+            device = id,
+            partitions = written.len(),
+            "sort_table finished"
+        );
+        Ok(self.one_result(to_json_bytes(&written)))
     }
 
     fn drop_table(&self, body: &[u8]) -> Result<Response<ActionStream>, Status> {
@@ -353,6 +393,8 @@ impl FlightService for DeviceService {
             action::STATS => Ok(self.one_result(to_json_bytes(&self.state.stats()))),
             action::READ_RANGE => self.read_range(&action.body).await,
             action::DROP_TABLE => self.drop_table(&action.body),
+            action::SAMPLE_KEYS => self.sample_keys(action.body.to_vec()).await,
+            action::SORT_TABLE => self.sort_table(action.body.to_vec()).await,
             other => Err(self.invalid(format!(
                 "unknown action '{other}' (known: {})",
                 ACTIONS
@@ -389,7 +431,7 @@ impl FlightService for DeviceService {
     }
 }
 
-const ACTIONS: [(&str, &str); 5] = [
+const ACTIONS: [(&str, &str); 7] = [
     (
         action::CAPABILITIES,
         "protocol version, operators, types, layouts, encodings",
@@ -403,6 +445,14 @@ const ACTIONS: [(&str, &str); 5] = [
     (
         action::DROP_TABLE,
         "remove a table from the manifest, then its files",
+    ),
+    (
+        action::SAMPLE_KEYS,
+        "evenly spaced rows of a table's key columns (sort jobs)",
+    ),
+    (
+        action::SORT_TABLE,
+        "sort this device's partitions of a table into a new table (sort jobs)",
     ),
 ];
 
@@ -460,8 +510,15 @@ async fn put_partition(
                 DecodedPayload::Schema(schema) if writer.is_none() => {
                     let device = Arc::clone(&state.device);
                     let (table, partition) = (put.table.clone(), put.partition);
+                    let layout = match put.hybrid_key_columns.is_empty() {
+                        true => PartitionLayout::Parquet,
+                        false => PartitionLayout::Hybrid {
+                            key_columns: put.hybrid_key_columns.clone(),
+                        },
+                    };
                     let options = WriterOptions {
                         row_group_rows_max: put.row_group_rows_max.clamp(1, 1 << 24) as usize,
+                        layout,
                         ..Default::default()
                     };
                     let mut rx = rx.take().expect("one writer per upload");

@@ -10,7 +10,7 @@ use arrow::array::Array;
 use arrow::datatypes::{DataType, Field, Schema};
 use arrow::util::display::array_value_to_string;
 use insitu_wire::{
-    ColumnStats, Encoding, FieldFormat, FormatDescriptor, LayoutKind, RowGroupStats,
+    ColumnStats, Encoding, FieldFormat, FormatDescriptor, HybridLayout, LayoutKind, RowGroupStats,
     DESCRIPTOR_VERSION,
 };
 use parquet::arrow::arrow_reader::statistics::StatisticsConverter;
@@ -101,6 +101,47 @@ pub(crate) fn describe(
         byte_size,
         crc32,
         row_groups,
+        hybrid: None,
+    })
+}
+
+/// Describes a freshly written hybrid partition.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn describe_hybrid(
+    table: &str,
+    partition: u32,
+    relative_file: &str,
+    layout: HybridLayout,
+    row_count: u64,
+    blocks: Vec<RowGroupStats>,
+    byte_size: u64,
+    crc32: u32,
+    schema: &Schema,
+) -> FormatResult<FormatDescriptor> {
+    let fields = schema
+        .fields()
+        .iter()
+        .map(|field| FieldFormat {
+            name: field.name().clone(),
+            arrow_type: field.data_type().to_string(),
+            width_bytes: field.data_type().primitive_width().map(|w| w as u32),
+            nullable: field.is_nullable(),
+            byte_order: "little".into(),
+            encodings: vec![Encoding::Plain],
+        })
+        .collect();
+    Ok(FormatDescriptor {
+        version: DESCRIPTOR_VERSION,
+        table: table.to_string(),
+        partition,
+        file: relative_file.to_string(),
+        layout: LayoutKind::Hybrid,
+        fields,
+        row_count,
+        byte_size,
+        crc32,
+        row_groups: blocks,
+        hybrid: Some(layout),
     })
 }
 

@@ -7,11 +7,12 @@
 
 mod atomic;
 mod descriptor;
+pub mod hybrid;
 mod writer;
 
 pub use atomic::{load_manifest, store_manifest, write_atomically};
 pub use descriptor::{file_crc32, schema_of, verify_file};
-pub use writer::{PartitionWriter, WriterOptions};
+pub use writer::{PartitionLayout, PartitionWriter, WriterOptions};
 
 /// Errors of partition and manifest I/O; each names the file involved.
 #[derive(Debug, thiserror::Error)]

@@ -1,26 +1,49 @@
 //! Writes one partition file and produces its format descriptor.
 
 use std::fs::{self, File};
-use std::io::{BufWriter, Write};
+use std::io::Write;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use arrow::datatypes::SchemaRef;
 use arrow::record_batch::RecordBatch;
-use insitu_wire::FormatDescriptor;
+use insitu_wire::{FormatDescriptor, LayoutKind};
 use parquet::arrow::ArrowWriter;
 use parquet::basic::Compression;
 use parquet::file::properties::{EnabledStatistics, WriterProperties};
 
 use crate::atomic::sync_dir;
-use crate::descriptor::describe;
+use crate::descriptor::{describe, describe_hybrid};
+use crate::hybrid::{ChecksummingFile, HybridWriter};
 use crate::{io_err, FormatError, FormatResult};
+
+/// How a partition's records are laid out in its file.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum PartitionLayout {
+    /// PAX: Parquet row groups of column chunks, dictionary-encoded.
+    #[default]
+    Parquet,
+    /// Key columns column-wise, the rest row-wise ([`crate::hybrid`]).
+    Hybrid { key_columns: Vec<String> },
+}
+
+impl PartitionLayout {
+    pub fn kind(&self) -> LayoutKind {
+        match self {
+            PartitionLayout::Parquet => LayoutKind::Parquet,
+            PartitionLayout::Hybrid { .. } => LayoutKind::Hybrid,
+        }
+    }
+}
 
 /// Knobs of the partition writer.
 #[derive(Debug, Clone)]
 pub struct WriterOptions {
-    /// Rows per Parquet row group (`row_group_rows_max`): the unit of pruning.
+    /// Rows per Parquet row group or hybrid block (`row_group_rows_max`):
+    /// the unit of pruning and of reads.
     pub row_group_rows_max: usize,
     pub compression: Compression,
+    pub layout: PartitionLayout,
 }
 
 impl Default for WriterOptions {
@@ -28,41 +51,29 @@ impl Default for WriterOptions {
         Self {
             row_group_rows_max: 122_880,
             compression: Compression::SNAPPY,
+            layout: PartitionLayout::Parquet,
         }
     }
 }
 
-/// A `Write` that checksums and counts what passes through it, so the file
-/// is never read back to compute its descriptor.
-struct ChecksummingFile {
-    inner: BufWriter<File>,
-    crc: crc32fast::Hasher,
-    bytes: u64,
-}
-
-impl Write for ChecksummingFile {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        let n = self.inner.write(buf)?;
-        self.crc.update(&buf[..n]);
-        self.bytes += n as u64;
-        Ok(n)
-    }
-
-    fn flush(&mut self) -> std::io::Result<()> {
-        self.inner.flush()
-    }
+enum Inner {
+    Parquet(Box<ArrowWriter<ChecksummingFile>>),
+    Hybrid(Box<HybridWriter>),
 }
 
 /// Streams record batches into a partition file. The file appears under its
 /// final name only when [`PartitionWriter::finish`] succeeds; dropping the
 /// writer earlier removes the temporary file.
 pub struct PartitionWriter {
-    writer: Option<ArrowWriter<ChecksummingFile>>,
+    writer: Option<Inner>,
     tmp_path: PathBuf,
+    /// The hybrid layout's row and heap side files.
+    side_paths: [PathBuf; 2],
     final_path: PathBuf,
     relative_file: String,
     table: String,
     partition: u32,
+    schema: SchemaRef,
 }
 
 impl PartitionWriter {
@@ -76,49 +87,111 @@ impl PartitionWriter {
     ) -> FormatResult<Self> {
         let table_dir = device_dir.join(table);
         fs::create_dir_all(&table_dir).map_err(io_err(&table_dir))?;
-        let relative_file = format!("{table}/{partition:05}.parquet");
-        let final_path = device_dir.join(&relative_file);
-        let tmp_path = table_dir.join(format!(".{partition:05}.parquet.tmp"));
-        let file = File::create(&tmp_path).map_err(io_err(&tmp_path))?;
-        let sink = ChecksummingFile {
-            inner: BufWriter::with_capacity(1 << 20, file),
-            crc: crc32fast::Hasher::new(),
-            bytes: 0,
+        let ext = match options.layout {
+            PartitionLayout::Parquet => "parquet",
+            PartitionLayout::Hybrid { .. } => "hyb",
         };
+        let relative_file = format!("{table}/{partition:05}.{ext}");
+        let final_path = device_dir.join(&relative_file);
+        let tmp_path = table_dir.join(format!(".{partition:05}.{ext}.tmp"));
+        let side_paths = [
+            table_dir.join(format!(".{partition:05}.rows.tmp")),
+            table_dir.join(format!(".{partition:05}.heap.tmp")),
+        ];
+        let file = File::create(&tmp_path).map_err(io_err(&tmp_path))?;
+        let mut this = Self {
+            writer: None,
+            tmp_path,
+            side_paths,
+            final_path,
+            relative_file,
+            table: table.to_string(),
+            partition,
+            schema: Arc::clone(&schema),
+        };
+        this.writer = Some(match &options.layout {
+            PartitionLayout::Parquet => {
+                Inner::Parquet(Box::new(this.parquet(file, schema, options)?))
+            }
+            PartitionLayout::Hybrid { key_columns } => {
+                Inner::Hybrid(Box::new(HybridWriter::create(
+                    file,
+                    &this.side_paths[0],
+                    &this.side_paths[1],
+                    schema,
+                    key_columns,
+                    options.row_group_rows_max,
+                )?))
+            }
+        });
+        Ok(this)
+    }
+
+    fn parquet(
+        &self,
+        file: File,
+        schema: SchemaRef,
+        options: &WriterOptions,
+    ) -> FormatResult<ArrowWriter<ChecksummingFile>> {
+        let sink = ChecksummingFile::new(file);
         let props = WriterProperties::builder()
             .set_dictionary_enabled(true)
             .set_statistics_enabled(EnabledStatistics::Page)
             .set_max_row_group_row_count(Some(options.row_group_rows_max))
             .set_compression(options.compression)
             .build();
-        let writer = ArrowWriter::try_new(sink, schema, Some(props)).map_err(|source| {
-            FormatError::Parquet {
-                path: tmp_path.display().to_string(),
-                source,
-            }
-        })?;
-        Ok(Self {
-            writer: Some(writer),
-            tmp_path,
-            final_path,
-            relative_file,
-            table: table.to_string(),
-            partition,
-        })
-    }
-
-    pub fn write(&mut self, batch: &RecordBatch) -> FormatResult<()> {
-        let writer = self.writer.as_mut().expect("write after finish");
-        writer.write(batch).map_err(|source| FormatError::Parquet {
+        ArrowWriter::try_new(sink, schema, Some(props)).map_err(|source| FormatError::Parquet {
             path: self.tmp_path.display().to_string(),
             source,
         })
     }
 
+    pub fn write(&mut self, batch: &RecordBatch) -> FormatResult<()> {
+        match self.writer.as_mut().expect("write after finish") {
+            Inner::Parquet(w) => w.write(batch).map_err(|source| FormatError::Parquet {
+                path: self.tmp_path.display().to_string(),
+                source,
+            }),
+            Inner::Hybrid(w) => w.write(batch, &self.tmp_path),
+        }
+    }
+
     /// Closes the file, makes it durable under its final name and returns
     /// its descriptor. The caller records the descriptor in the manifest.
     pub fn finish(mut self) -> FormatResult<FormatDescriptor> {
-        let mut writer = self.writer.take().expect("finish once");
+        let descriptor = match self.writer.take().expect("finish once") {
+            Inner::Parquet(w) => self.finish_parquet(*w)?,
+            Inner::Hybrid(w) => self.finish_hybrid(*w)?,
+        };
+        fs::rename(&self.tmp_path, &self.final_path).map_err(io_err(&self.final_path))?;
+        sync_dir(self.final_path.parent().expect("table dir"))?;
+        Ok(descriptor)
+    }
+
+    fn finish_hybrid(&self, writer: HybridWriter) -> FormatResult<FormatDescriptor> {
+        let [rows_path, heap_path] = &self.side_paths;
+        let (layout, row_count, stats, crc, bytes) =
+            writer.finish(&self.tmp_path, rows_path, heap_path)?;
+        for side in &self.side_paths {
+            let _ = fs::remove_file(side);
+        }
+        describe_hybrid(
+            &self.table,
+            self.partition,
+            &self.relative_file,
+            layout,
+            row_count,
+            stats,
+            bytes,
+            crc,
+            &self.schema,
+        )
+    }
+
+    fn finish_parquet(
+        &self,
+        mut writer: ArrowWriter<ChecksummingFile>,
+    ) -> FormatResult<FormatDescriptor> {
         let parquet_err = |source| FormatError::Parquet {
             path: self.tmp_path.display().to_string(),
             source,
@@ -133,17 +206,14 @@ impl PartitionWriter {
             .sync_all()
             .map_err(io_err(&self.tmp_path))?;
         drop(writer);
-        let descriptor = describe(
+        describe(
             &self.table,
             self.partition,
             &self.relative_file,
             &metadata,
             bytes,
             crc,
-        )?;
-        fs::rename(&self.tmp_path, &self.final_path).map_err(io_err(&self.final_path))?;
-        sync_dir(self.final_path.parent().expect("table dir"))?;
-        Ok(descriptor)
+        )
     }
 }
 
@@ -151,6 +221,9 @@ impl Drop for PartitionWriter {
     fn drop(&mut self) {
         if self.writer.is_some() || self.tmp_path.exists() {
             let _ = fs::remove_file(&self.tmp_path);
+        }
+        for side in &self.side_paths {
+            let _ = fs::remove_file(side);
         }
     }
 }

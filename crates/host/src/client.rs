@@ -5,13 +5,17 @@
 use std::ops::Range;
 use std::sync::Arc;
 
+use arrow::record_batch::RecordBatch;
 use async_trait::async_trait;
 use bytes::Bytes;
 use datafusion::common::{DataFusionError, Result};
 use futures::stream::{BoxStream, StreamExt};
-use insitu_device::{Device, DeviceMessage};
+use insitu_device::{batch_to_ipc, ipc_to_batch, Device, DeviceMessage};
 use insitu_link::{Direction, Link};
-use insitu_wire::{Capabilities, DeviceStats, Manifest};
+use insitu_wire::protocol::{from_json_bytes, to_json_bytes};
+use insitu_wire::{
+    Capabilities, DeviceStats, FormatDescriptor, Manifest, SampleKeysRequest, SortTableRequest,
+};
 
 /// A device as the host sees it.
 #[async_trait]
@@ -35,6 +39,12 @@ pub trait DeviceClient: Send + Sync + std::fmt::Debug {
     async fn read_range(&self, table: &str, partition: u32, range: Range<u64>) -> Result<Bytes>;
     /// Bytes the device has read from its storage so far.
     fn storage_bytes_read(&self) -> u64;
+    /// Evenly spaced rows of some columns of a table (sort jobs pick
+    /// range splitters from them).
+    async fn sample_keys(&self, request: &SampleKeysRequest) -> Result<RecordBatch>;
+    /// Sorts the device's partitions of a table into a new table (the
+    /// device's part of a sort job); returns the partitions written.
+    async fn sort_table(&self, request: &SortTableRequest) -> Result<Vec<FormatDescriptor>>;
 }
 
 /// A device in this process.
@@ -150,6 +160,56 @@ impl DeviceClient for EmbeddedClient {
     fn storage_bytes_read(&self) -> u64 {
         self.device.bytes_read()
     }
+
+    async fn sample_keys(&self, request: &SampleKeysRequest) -> Result<RecordBatch> {
+        let body = to_json_bytes(request);
+        self.link
+            .transfer(Direction::HostToDevice, body.len())
+            .await;
+        let device = Arc::clone(&self.device);
+        let answer = blocking(move || {
+            let request: SampleKeysRequest = from_json_bytes(&body, "sample_keys request")
+                .map_err(|e| DataFusionError::Plan(e.to_string()))?;
+            let sample = device
+                .sample_keys(&request)
+                .map_err(|e| e.into_datafusion())?;
+            Ok(batch_to_ipc(&sample)?)
+        })
+        .await?;
+        self.link
+            .transfer(Direction::DeviceToHost, answer.len())
+            .await;
+        Ok(ipc_to_batch(&answer)?)
+    }
+
+    async fn sort_table(&self, request: &SortTableRequest) -> Result<Vec<FormatDescriptor>> {
+        let body = to_json_bytes(request);
+        self.link
+            .transfer(Direction::HostToDevice, body.len())
+            .await;
+        let device = Arc::clone(&self.device);
+        let answer = blocking(move || {
+            let request: SortTableRequest = from_json_bytes(&body, "sort_table request")
+                .map_err(|e| DataFusionError::Plan(e.to_string()))?;
+            let written = device
+                .sort_table(&request)
+                .map_err(|e| e.into_datafusion())?;
+            Ok(to_json_bytes(&written))
+        })
+        .await?;
+        self.link
+            .transfer(Direction::DeviceToHost, answer.len())
+            .await;
+        from_json_bytes(&answer, "sort_table answer")
+            .map_err(|e| DataFusionError::Execution(e.to_string()))
+    }
+}
+
+/// Runs blocking device work off the async threads.
+async fn blocking<T: Send + 'static>(f: impl FnOnce() -> Result<T> + Send + 'static) -> Result<T> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| DataFusionError::Execution(format!("device task failed: {e}")))?
 }
 
 /// Wraps in-process devices as clients. Each has its own metered link, and

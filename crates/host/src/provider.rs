@@ -25,9 +25,10 @@ use datafusion::physical_plan::empty::EmptyExec;
 use datafusion::physical_plan::filter::FilterExec;
 use datafusion::physical_plan::limit::LocalLimitExec;
 use datafusion::physical_plan::projection::ProjectionExec;
+use datafusion::physical_plan::union::UnionExec;
 use datafusion::physical_plan::ExecutionPlan;
-use insitu_stage::PartitionScanExec;
-use insitu_wire::Operator;
+use insitu_stage::{HybridFile, HybridScanExec, PartitionScanExec};
+use insitu_wire::{LayoutKind, Operator};
 
 use crate::catalog::TableInfo;
 use crate::pull::{pull_path, PULL_STORE_URL};
@@ -155,13 +156,34 @@ impl InsituTable {
         let mut builder =
             FileScanConfigBuilder::new(ObjectStoreUrl::parse(PULL_STORE_URL)?, Arc::new(source));
         let mut any = false;
+        let mut hybrid = vec![];
         for share in &self.info.shares {
             for d in &share.descriptors {
-                builder = builder.with_file(PartitionedFile::new(
-                    pull_path(share.client.id(), &d.table, d.partition),
-                    d.byte_size,
-                ));
+                let path = pull_path(share.client.id(), &d.table, d.partition);
+                if d.layout == LayoutKind::Hybrid {
+                    hybrid.push(HybridFile::new(path.into(), d.clone())?);
+                    continue;
+                }
+                builder = builder.with_file(PartitionedFile::new(path, d.byte_size));
                 any = true;
+            }
+        }
+        let target = state.config().target_partitions();
+        let hybrid_scan = (!hybrid.is_empty())
+            .then(|| {
+                HybridScanExec::try_new(
+                    ObjectStoreUrl::parse(PULL_STORE_URL)?,
+                    hybrid,
+                    Arc::clone(schema),
+                    projection.cloned(),
+                    target,
+                )
+            })
+            .transpose()?
+            .map(|s| Arc::new(s) as Arc<dyn ExecutionPlan>);
+        if let Some(h) = &hybrid_scan {
+            if !any {
+                return Ok(Arc::clone(h));
             }
         }
         if !any {
@@ -176,10 +198,13 @@ impl InsituTable {
             .with_limit(limit)
             .build();
         let exec: Arc<dyn ExecutionPlan> = DataSourceExec::from_data_source(config);
-        let target = state.config().target_partitions();
-        Ok(exec
+        let exec = exec
             .repartitioned(target, state.config_options())?
-            .unwrap_or(exec))
+            .unwrap_or(exec);
+        match hybrid_scan {
+            Some(h) => UnionExec::try_new(vec![exec, h]),
+            None => Ok(exec),
+        }
     }
 }
 

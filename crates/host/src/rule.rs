@@ -13,8 +13,9 @@
 //! ```
 //!
 //! Folded: a partial aggregate (and the filters, projections and
-//! repartitions between it and the device scan), and filters/projections
-//! directly above a device scan. Repartitions are dropped: a device spreads
+//! repartitions between it and the device scan), filters/projections
+//! directly above a device scan, and sorts (with their top-k fetch)
+//! directly above a device scan, merged on the host (see [`fold_sort`]). Repartitions are dropped: a device spreads
 //! its own work over its threads. A fold happens only if the grown stage
 //! encodes and decodes and every device holding the table advertises the
 //! operators it adds, so a device never receives a plan it cannot run.
@@ -30,7 +31,11 @@ use datafusion::physical_plan::aggregates::{AggregateExec, AggregateMode};
 use datafusion::physical_plan::filter::FilterExec;
 use datafusion::physical_plan::projection::ProjectionExec;
 use datafusion::physical_plan::repartition::RepartitionExec;
-use datafusion::physical_plan::{ChildrenPropertiesMode, ExecutionPlan, ReplaceChildrenOptions};
+use datafusion::physical_plan::sorts::sort::SortExec;
+use datafusion::physical_plan::sorts::sort_preserving_merge::SortPreservingMergeExec;
+use datafusion::physical_plan::{
+    ChildrenPropertiesMode, ExecutionPlan, ExecutionPlanProperties, ReplaceChildrenOptions,
+};
 use datafusion::prelude::SessionContext;
 use insitu_stage::{decode_stage_unbound, encode_stage};
 use insitu_wire::Operator;
@@ -65,6 +70,9 @@ fn is_row_local(node: &Arc<dyn ExecutionPlan>) -> bool {
 
 /// Folds `node` into the device scan below it, if it can.
 fn fold(node: Arc<dyn ExecutionPlan>) -> Transformed<Arc<dyn ExecutionPlan>> {
+    if let Some(folded) = fold_sort(&node) {
+        return Transformed::yes(folded);
+    }
     let foldable_aggregate = node
         .downcast_ref::<AggregateExec>()
         .is_some_and(|a| *a.mode() == AggregateMode::Partial);
@@ -111,6 +119,38 @@ fn fold(node: Arc<dyn ExecutionPlan>) -> Transformed<Arc<dyn ExecutionPlan>> {
         return Transformed::no(node);
     }
     Transformed::yes(Arc::new(scan.with_stage(stage)))
+}
+
+/// A sort directly above a device scan moves into the stage: each device
+/// sorts its share (top-k only, with a fetch) and the host merges the
+/// sorted streams.
+///
+/// ```text
+///  SortPreservingMergeExec [fetch]          SortPreservingMergeExec [fetch]
+///    SortExec [fetch], per partition  ==>     DeviceScanExec (sorted per device)
+///      DeviceScanExec                           stage: SortExec [fetch] <- ...
+/// ```
+fn fold_sort(node: &Arc<dyn ExecutionPlan>) -> Option<Arc<dyn ExecutionPlan>> {
+    let sort = node.downcast_ref::<SortExec>()?;
+    let scan = sort.input().downcast_ref::<DeviceScanExec>()?;
+    if !supported_by_all(scan.shares(), Operator::Sort) {
+        return None;
+    }
+    let stage_sort = SortExec::new(sort.expr().clone(), Arc::clone(scan.stage()))
+        .with_fetch(sort.fetch())
+        .with_preserve_partitioning(false);
+    let stage: Arc<dyn ExecutionPlan> = Arc::new(stage_sort);
+    if !round_trips(&stage) {
+        return None;
+    }
+    let sorted_scan: Arc<dyn ExecutionPlan> = Arc::new(scan.with_stage(stage));
+    let merges_itself = !sort.preserve_partitioning();
+    if merges_itself && sorted_scan.output_partitioning().partition_count() > 1 {
+        let merge =
+            SortPreservingMergeExec::new(sort.expr().clone(), sorted_scan).with_fetch(sort.fetch());
+        return Some(Arc::new(merge));
+    }
+    Some(sorted_scan)
 }
 
 /// Whether every device under `scan` advertises the operator `op` needs.

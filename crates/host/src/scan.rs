@@ -20,11 +20,12 @@ use arrow::record_batch::{RecordBatch, RecordBatchOptions};
 use datafusion::common::tree_node::{Transformed, TreeNode, TreeNodeRecursion};
 use datafusion::common::{internal_err, DataFusionError, Result};
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
-use datafusion::physical_expr::{EquivalenceProperties, PhysicalExpr};
+use datafusion::physical_expr::PhysicalExpr;
 use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType, SchedulingType};
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::{
-    DisplayAs, DisplayFormatType, ExecutionPlan, Partitioning, PlanProperties,
+    DisplayAs, DisplayFormatType, ExecutionPlan, ExecutionPlanProperties, Partitioning,
+    PlanProperties,
 };
 use futures::{StreamExt, TryStreamExt};
 use insitu_device::DeviceMessage;
@@ -50,8 +51,10 @@ impl DeviceScanExec {
         shares: Vec<DeviceShare>,
         stats: Arc<StageStatsSink>,
     ) -> Self {
+        // Each device's stream has the stage's properties: sorted if the
+        // stage ends in a sort.
         let properties = PlanProperties::new(
-            EquivalenceProperties::new(stage.schema()),
+            stage.equivalence_properties().clone(),
             Partitioning::UnknownPartitioning(shares.len().max(1)),
             EmissionType::Incremental,
             Boundedness::Bounded,

@@ -11,7 +11,7 @@ use arrow::datatypes::SchemaRef;
 use arrow::error::ArrowError;
 use arrow::record_batch::RecordBatch;
 use insitu_device::Device;
-use insitu_format::WriterOptions;
+use insitu_format::{PartitionLayout, WriterOptions};
 
 pub use load::{load_files, LoadOptions};
 pub use tpch::{expected_rows as tpch_expected_rows, gen_tpch, TpchOptions, TPCH_TABLES};
@@ -33,6 +33,64 @@ pub enum IngestError {
 }
 
 pub type IngestResult<T> = Result<T, IngestError>;
+
+/// The layout new tables get.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum LayoutChoice {
+    #[default]
+    Parquet,
+    /// Hybrid, with these key columns stored column-wise (none named: the
+    /// table's first column).
+    Hybrid { keys: Vec<String> },
+}
+
+impl LayoutChoice {
+    /// The layout of a table with `schema`. With `strict`, every named key
+    /// column must be in the table; without (one choice for several
+    /// tables), a table keys on the named columns it has, or on its first
+    /// column if it has none of them.
+    pub fn for_schema(
+        &self,
+        table: &str,
+        schema: &SchemaRef,
+        strict: bool,
+    ) -> IngestResult<PartitionLayout> {
+        let LayoutChoice::Hybrid { keys } = self else {
+            return Ok(PartitionLayout::Parquet);
+        };
+        let has = |k: &String| schema.field_with_name(k).is_ok();
+        if strict {
+            if let Some(missing) = keys.iter().find(|k| !has(k)) {
+                return Err(IngestError::Invalid(format!(
+                    "hybrid key column '{missing}' is not a column of table {table}"
+                )));
+            }
+        }
+        let mut key_columns: Vec<String> = keys.iter().filter(|k| has(k)).cloned().collect();
+        if key_columns.is_empty() {
+            let first = schema
+                .fields()
+                .first()
+                .ok_or_else(|| IngestError::Invalid(format!("table {table} has no columns")))?;
+            key_columns.push(first.name().clone());
+        }
+        Ok(PartitionLayout::Hybrid { key_columns })
+    }
+
+    /// `base` with this choice's layout for `table`.
+    pub fn writer_options(
+        &self,
+        base: &WriterOptions,
+        table: &str,
+        schema: &SchemaRef,
+        strict: bool,
+    ) -> IngestResult<WriterOptions> {
+        Ok(WriterOptions {
+            layout: self.for_schema(table, schema, strict)?,
+            ..base.clone()
+        })
+    }
+}
 
 /// Progress callback: called with the number of rows just written.
 pub type Progress<'a> = &'a (dyn Fn(u64) + Sync);

@@ -17,13 +17,14 @@ use arrow::record_batch::{RecordBatch, RecordBatchReader};
 use insitu_format::WriterOptions;
 use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 
-use crate::{prepare_table, IngestError, IngestResult, PartitionSink, Progress};
+use crate::{prepare_table, IngestError, IngestResult, LayoutChoice, PartitionSink, Progress};
 
 #[derive(Debug, Clone)]
 pub struct LoadOptions {
     pub replace: bool,
     pub batch_rows: usize,
     pub writer: WriterOptions,
+    pub layout: LayoutChoice,
 }
 
 impl Default for LoadOptions {
@@ -32,6 +33,7 @@ impl Default for LoadOptions {
             replace: false,
             batch_rows: 8192,
             writer: WriterOptions::default(),
+            layout: LayoutChoice::Parquet,
         }
     }
 }
@@ -114,8 +116,13 @@ pub fn load_files<S: PartitionSink + ?Sized>(
     }
     // Open the first file up front: its schema is the table's.
     let (schema, first) = open(&files[0], options.batch_rows)?;
+    let writer = options
+        .layout
+        .writer_options(&options.writer, table, &schema, true)?;
     prepare_table(devices, table, options.replace)?;
-    let result = deal(devices, table, files, schema, first, options, progress);
+    let result = deal(
+        devices, table, files, schema, first, options, &writer, progress,
+    );
     if result.is_err() {
         for d in devices {
             let _ = d.drop_table(table);
@@ -124,6 +131,7 @@ pub fn load_files<S: PartitionSink + ?Sized>(
     result
 }
 
+#[allow(clippy::too_many_arguments)]
 fn deal<S: PartitionSink + ?Sized>(
     devices: &[Arc<S>],
     table: &str,
@@ -131,6 +139,7 @@ fn deal<S: PartitionSink + ?Sized>(
     schema: SchemaRef,
     first: BatchIter,
     options: &LoadOptions,
+    writer: &WriterOptions,
     progress: Progress<'_>,
 ) -> IngestResult<()> {
     std::thread::scope(|scope| {
@@ -142,7 +151,7 @@ fn deal<S: PartitionSink + ?Sized>(
             senders.push(tx);
             let schema = Arc::clone(&schema);
             writers.push(scope.spawn(move || {
-                device.write_partition(table, 0, schema, &mut rx.into_iter(), &options.writer)
+                device.write_partition(table, 0, schema, &mut rx.into_iter(), writer)
             }));
         }
         let read = (|| -> IngestResult<()> {

@@ -19,7 +19,8 @@ use tpchgen_arrow::{
 };
 
 use crate::{
-    device_for_partition, prepare_table, IngestError, IngestResult, PartitionSink, Progress,
+    device_for_partition, prepare_table, IngestError, IngestResult, LayoutChoice, PartitionSink,
+    Progress,
 };
 
 /// The eight TPC-H tables, largest first.
@@ -35,6 +36,7 @@ pub struct TpchOptions {
     pub replace: bool,
     pub batch_rows: usize,
     pub writer: WriterOptions,
+    pub layout: LayoutChoice,
 }
 
 impl Default for TpchOptions {
@@ -45,6 +47,7 @@ impl Default for TpchOptions {
             replace: false,
             batch_rows: 8192,
             writer: WriterOptions::default(),
+            layout: LayoutChoice::Parquet,
         }
     }
 }
@@ -153,17 +156,17 @@ pub fn gen_tpch<S: PartitionSink + ?Sized>(
                                 options.batch_rows,
                             );
                             let schema: SchemaRef = Arc::clone(gen.schema());
+                            let writer = options.layout.writer_options(
+                                &options.writer,
+                                table,
+                                &schema,
+                                false,
+                            )?;
                             let mut batches = gen.map(|b: RecordBatch| {
                                 progress(b.num_rows() as u64);
                                 Ok(b)
                             });
-                            device.write_partition(
-                                table,
-                                p,
-                                schema,
-                                &mut batches,
-                                &options.writer,
-                            )?;
+                            device.write_partition(table, p, schema, &mut batches, &writer)?;
                         }
                         Ok(())
                     })

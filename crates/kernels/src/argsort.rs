@@ -264,7 +264,13 @@ pub(crate) fn normalize<I: SortIndex>(
             let v = data.buffer::<i128>(0);
             NormalizedKeys::U128(split(n, nulls, desc, nf, |i| v[i].key()))
         }
-        _ => return Ok(None),
+        _ => match crate::dictionary::low_cardinality_ranks(values)? {
+            Some(ranks) => {
+                let r = ranks.ranks.values();
+                NormalizedKeys::U32(split(n, ranks.ranks.nulls(), desc, nf, |i| r[i]))
+            }
+            None => return Ok(None),
+        },
     };
     Ok(Some(keys))
 }

@@ -184,3 +184,35 @@ pub fn sort_dictionary(
     let sorted = DictionaryArray::try_new(keys, Arc::clone(&ranks.sorted_values))?;
     Ok((order, sorted))
 }
+
+/// Rows sampled to guess whether a plain string column has few distinct
+/// values, and the most distinct values in that sample for it to count.
+const CARDINALITY_SAMPLE_ROWS: usize = 1024;
+const CARDINALITY_SAMPLE_DISTINCT_MAX: usize = 64;
+
+/// Ranks of a plain (not dictionary-encoded) string or binary column with
+/// few distinct values, by dictionary-encoding it first (Arrow's cast) and
+/// ranking the dictionary; `None` if the column is not such a column. This
+/// turns a string sort into an integer radix sort.
+pub fn low_cardinality_ranks(values: &dyn Array) -> Result<Option<DictionaryRanks>, ArrowError> {
+    use DataType::*;
+    if !matches!(
+        values.data_type(),
+        Utf8 | LargeUtf8 | Utf8View | Binary | LargeBinary | BinaryView
+    ) || values.len() < CARDINALITY_SAMPLE_ROWS
+    {
+        return Ok(None);
+    }
+    let step = values.len() / CARDINALITY_SAMPLE_ROWS;
+    let sample_idx =
+        UInt32Array::from_iter_values((0..CARDINALITY_SAMPLE_ROWS).map(|i| (i * step) as u32));
+    let sample = arrow::compute::take(values, &sample_idx, None)?;
+    let dictionary_type =
+        |v: &DataType| Dictionary(Box::new(DataType::UInt32), Box::new(v.clone()));
+    let sample_dict = arrow::compute::cast(&sample, &dictionary_type(values.data_type()))?;
+    if sample_dict.as_any_dictionary().values().len() > CARDINALITY_SAMPLE_DISTINCT_MAX {
+        return Ok(None);
+    }
+    let dict = arrow::compute::cast(values, &dictionary_type(values.data_type()))?;
+    dictionary_ranks(dict.as_ref()).map(Some)
+}

@@ -24,7 +24,9 @@ mod rows;
 
 pub use argsort::{argsort, argsort_to, argsort_top_k, Parallelism};
 pub use decode::dictionary_decode;
-pub use dictionary::{dictionary_ranks, key_mapping_table, sort_dictionary, DictionaryRanks};
+pub use dictionary::{
+    dictionary_ranks, key_mapping_table, low_cardinality_ranks, sort_dictionary, DictionaryRanks,
+};
 pub use gather::{gather, gather_batch, gather_rows, gather_values};
 pub use radix::SortIndex;
 pub use rows::argsort_columns;

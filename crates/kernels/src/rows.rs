@@ -100,7 +100,10 @@ fn encode_rows(columns: &[SortColumn]) -> Result<Rows, ArrowError> {
                     v.nulls().cloned(),
                 )) as ArrayRef
             }
-            _ => Arc::clone(&c.values),
+            _ => match crate::dictionary::low_cardinality_ranks(c.values.as_ref())? {
+                Some(ranks) => Arc::new(ranks.ranks) as ArrayRef,
+                None => Arc::clone(&c.values),
+            },
         };
         fields.push(SortField::new_with_options(
             values.data_type().clone(),

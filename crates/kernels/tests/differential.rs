@@ -104,6 +104,9 @@ fn ref_keys(array: &dyn Array) -> Vec<RefKey> {
                 DataType::Utf8 => {
                     RefKey::Bytes(array.as_string::<i32>().value(i).as_bytes().to_vec())
                 }
+                DataType::Utf8View => {
+                    RefKey::Bytes(array.as_string_view().value(i).as_bytes().to_vec())
+                }
                 DataType::Binary => RefKey::Bytes(array.as_binary::<i32>().value(i).to_vec()),
                 t => panic!("no reference for {t}"),
             }
@@ -162,6 +165,10 @@ fn random_arrays(rng: &mut StdRng, n: usize) -> Vec<ArrayRef> {
     let mask = null_mask(rng, n);
     let m = |i: usize| mask[i];
     let strings: Vec<Option<String>> = (0..n).map(|i| m(i).then(|| word(rng))).collect();
+    let modes = ["AIR", "RAIL", "SHIP", "TRUCK", "MAIL", "FOB", "REG AIR", ""];
+    let few_words: Vec<Option<&str>> = (0..n)
+        .map(|i| m(i).then(|| modes[rng.random_range(0..modes.len())]))
+        .collect();
     let dict_values = StringArray::from(vec![
         Some("pear"),
         Some("apple"),
@@ -262,6 +269,9 @@ fn random_arrays(rng: &mut StdRng, n: usize) -> Vec<ArrayRef> {
                 .collect::<Vec<_>>(),
         )),
         Arc::new(StringArray::from(strings)),
+        // Few distinct values: sorted through ranks of an on-the-fly dictionary.
+        Arc::new(StringArray::from(few_words.clone())),
+        Arc::new(StringViewArray::from(few_words)),
         Arc::new(DictionaryArray::new(dict_keys, Arc::new(dict_values))),
         Arc::new(DictionaryArray::new(
             float_dict_keys,

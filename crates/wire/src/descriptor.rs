@@ -15,7 +15,7 @@ pub const DESCRIPTOR_VERSION: u32 = 1;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum LayoutKind {
-    /// PAX: Parquet row groups with column chunks (the only layout written today).
+    /// PAX: Parquet row groups with column chunks.
     Parquet,
     /// Row-wise N-ary storage model.
     RowWise,
@@ -84,6 +84,79 @@ pub struct FormatDescriptor {
     /// CRC32 (IEEE) of the whole file.
     pub crc32: u32,
     pub row_groups: Vec<RowGroupStats>,
+    /// Where the sections of a [`LayoutKind::Hybrid`] file are and how its
+    /// rows are laid out; `None` for every other layout.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hybrid: Option<HybridLayout>,
+}
+
+/// A byte range of a partition file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Section {
+    pub offset: u64,
+    pub len: u64,
+}
+
+impl Section {
+    pub fn end(&self) -> u64 {
+        self.offset + self.len
+    }
+
+    pub fn range(&self) -> std::ops::Range<u64> {
+        self.offset..self.end()
+    }
+}
+
+/// One field stored row-wise: where it sits in a row slot.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RowSlot {
+    pub name: String,
+    /// Byte offset of the field inside a row.
+    pub offset_bytes: u32,
+    /// Fixed-width values: their width. Variable-length values: 12 (an
+    /// 8-byte heap offset, then a 4-byte length, both little-endian).
+    pub width_bytes: u32,
+    pub variable_length: bool,
+}
+
+/// One block of rows (at most `row_group_rows_max`): its key batch and the
+/// heap bytes of its rows. Its slots follow from the rows before it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HybridBlock {
+    pub rows: u64,
+    /// The block's key columns: a complete Arrow IPC stream inside the key
+    /// section.
+    pub key: Section,
+    /// The heap bytes of the block's rows (absolute in the file).
+    pub heap: Section,
+}
+
+/// The hybrid layout of paper 000 (Fig. 8c): key columns column-wise, the
+/// other columns row-wise in fixed-width slots.
+///
+/// ```text
+/// | magic | key section: Arrow IPC stream | row section: row_count x row_width | heap | footer | footer len | magic |
+/// ```
+///
+/// A row slot starts with a validity bitmap of the row-wise fields (bit
+/// set = valid, LSB first), then each field at its [`RowSlot`] offset.
+/// Variable-length values live in the heap; a slot holds their offset and
+/// length. Row `i` of the partition is slot `i`, so a gather by sorted
+/// indices reads whole rows, one contiguous slot each.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HybridLayout {
+    /// The columns stored column-wise, in schema order.
+    pub key_columns: Vec<String>,
+    pub key_section: Section,
+    pub row_section: Section,
+    pub heap_section: Section,
+    /// Bytes per row slot (validity bitmap included).
+    pub row_width_bytes: u32,
+    /// Bytes of the validity bitmap at the start of each slot.
+    pub validity_bytes: u32,
+    /// The row-wise fields, in schema order.
+    pub slots: Vec<RowSlot>,
+    pub blocks: Vec<HybridBlock>,
 }
 
 impl FormatDescriptor {
@@ -95,6 +168,10 @@ impl FormatDescriptor {
     pub fn format_only(&self) -> Self {
         Self {
             row_groups: vec![],
+            hybrid: self.hybrid.as_ref().map(|h| HybridLayout {
+                blocks: vec![],
+                ..h.clone()
+            }),
             ..self.clone()
         }
     }

@@ -13,12 +13,13 @@ pub mod manifest;
 pub mod protocol;
 
 pub use descriptor::{
-    ColumnStats, Encoding, FieldFormat, FormatDescriptor, LayoutKind, RowGroupStats,
-    DESCRIPTOR_VERSION,
+    ColumnStats, Encoding, FieldFormat, FormatDescriptor, HybridBlock, HybridLayout, LayoutKind,
+    RowGroupStats, RowSlot, Section, DESCRIPTOR_VERSION,
 };
 pub use envelope::{StagePlanEnvelope, ENVELOPE_MAGIC, ENVELOPE_VERSION, PLAN_BYTES_MAX};
 pub use error::{WireError, WireResult};
 pub use manifest::{Manifest, PartitionRef, MANIFEST_FILE, MANIFEST_VERSION};
 pub use protocol::{
-    Capabilities, DeviceStats, Operator, PutCommit, PutRequest, StageStats, PROTOCOL_VERSION,
+    Capabilities, DeviceStats, Operator, PutCommit, PutRequest, SampleKeysRequest, SortKey,
+    SortTableRequest, StageStats, PROTOCOL_VERSION, SAMPLE_ROWS_MAX,
 };

@@ -98,6 +98,7 @@ mod tests {
             byte_size: 0,
             crc32: 0,
             row_groups: vec![],
+            hybrid: None,
         });
         let bytes = m.to_json();
         assert_eq!(Manifest::from_json(&bytes, "m").unwrap(), m);

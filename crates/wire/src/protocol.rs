@@ -20,7 +20,7 @@ use serde::{Deserialize, Serialize};
 use crate::{Manifest, WireError, WireResult};
 
 /// Version of this protocol; a host and a device must agree on it.
-pub const PROTOCOL_VERSION: u32 = 1;
+pub const PROTOCOL_VERSION: u32 = 2; // 2: the sort operator, hybrid layout, sort jobs
 
 /// Largest gRPC message either side accepts (`grpc_message_bytes_max`):
 /// plans are at most [`crate::PLAN_BYTES_MAX`], and result batches are
@@ -42,6 +42,12 @@ pub mod action {
     pub const READ_RANGE: &str = "read_range";
     /// Body: [`super::DropTableRequest`]. Result: none.
     pub const DROP_TABLE: &str = "drop_table";
+    /// Body: [`super::SampleKeysRequest`]. Result: an Arrow IPC stream of
+    /// the sampled key rows.
+    pub const SAMPLE_KEYS: &str = "sample_keys";
+    /// Body: [`super::SortTableRequest`]. Result: the JSON list of
+    /// [`crate::FormatDescriptor`]s of the partitions written.
+    pub const SORT_TABLE: &str = "sort_table";
 }
 
 /// Operators a device can run inside a stage plan.
@@ -58,15 +64,18 @@ pub enum Operator {
     PartialAggregate,
     /// Row limits.
     Limit,
+    /// Sorts and top-k (ORDER BY [LIMIT k]) with the insitu kernels.
+    Sort,
 }
 
 impl Operator {
-    pub const ALL: [Operator; 5] = [
+    pub const ALL: [Operator; 6] = [
         Operator::Scan,
         Operator::Filter,
         Operator::Projection,
         Operator::PartialAggregate,
         Operator::Limit,
+        Operator::Sort,
     ];
 
     pub fn name(self) -> &'static str {
@@ -76,6 +85,7 @@ impl Operator {
             Operator::Projection => "projection",
             Operator::PartialAggregate => "partial_aggregate",
             Operator::Limit => "limit",
+            Operator::Sort => "sort",
         }
     }
 
@@ -189,13 +199,54 @@ pub struct DropTableRequest {
     pub table: String,
 }
 
+/// Most rows a device returns for one [`SampleKeysRequest`] (`sample_rows_max`).
+pub const SAMPLE_ROWS_MAX: u64 = 1 << 20;
+
+/// Body of [`action::SAMPLE_KEYS`]: up to `rows` rows of `columns` of
+/// `table`, evenly spaced over the device's partitions.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SampleKeysRequest {
+    pub table: String,
+    pub columns: Vec<String>,
+    pub rows: u64,
+}
+
+/// One sort key column.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SortKey {
+    pub column: String,
+    pub descending: bool,
+    pub nulls_first: bool,
+}
+
+/// Body of [`action::SORT_TABLE`]: sort every partition of `source` this
+/// device holds by `by` and write the result as partitions
+/// `first_partition, first_partition + 1, ...` of `into`, each of at most
+/// `partition_rows_max` rows, in order.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SortTableRequest {
+    pub source: String,
+    pub into: String,
+    pub by: Vec<SortKey>,
+    pub first_partition: u32,
+    pub partition_rows_max: u64,
+    pub row_group_rows_max: u64,
+    /// Write `into` in the hybrid layout keyed on the sort columns
+    /// (else Parquet).
+    pub hybrid: bool,
+}
+
 /// The `do_put` descriptor command: which partition the stream becomes.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct PutRequest {
     pub table: String,
     pub partition: u32,
-    /// Rows per Parquet row group on the device.
+    /// Rows per Parquet row group (or hybrid block) on the device.
     pub row_group_rows_max: u64,
+    /// Key columns to store column-wise in the hybrid layout; empty for
+    /// Parquet.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub hybrid_key_columns: Vec<String>,
 }
 
 /// The last `do_put` message: proves the upload complete. `crc32` covers
@@ -234,8 +285,8 @@ mod tests {
         for op in Operator::ALL {
             assert_eq!(Operator::parse(op.name()).unwrap(), op);
         }
-        let err = Operator::parse("sort").unwrap_err().to_string();
-        assert!(err.contains("unknown operator 'sort'"), "{err}");
+        let err = Operator::parse("hash_join").unwrap_err().to_string();
+        assert!(err.contains("unknown operator 'hash_join'"), "{err}");
         assert!(err.contains("partial_aggregate"), "{err}");
     }
 

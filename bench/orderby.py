@@ -1,0 +1,116 @@
+#!/usr/bin/env python3
+"""ORDER BY benchmark: insitu vs DuckDB, Polars and DataFusion-Python, in one
+run, on the same Parquet files (the partitions insitu's devices hold).
+
+Every engine sorts all columns of lineitem by one key and materializes the
+whole sorted result in memory (insitu: Arrow batches on the host; DuckDB:
+an Arrow table; Polars: a DataFrame; DataFusion: Arrow batches). Each query
+runs once to warm up, then --runs times; medians and ratios are printed.
+
+Usage: orderby.py --insitu BIN --root ROOT [--hybrid-root ROOT] [--runs N] [--threads N]
+Prints a Markdown table; --out FILE also writes the rows as JSON lines.
+"""
+import argparse
+import glob
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+import datafusion
+import duckdb
+import polars as pl
+
+KEYS = [
+    ("l_partkey", "integer"),
+    ("l_shipmode", "dictionary-encoded string"),
+    ("l_shipinstruct", "dictionary-encoded string"),
+    ("l_extendedprice", "decimal"),
+]
+
+
+def timed(fn, runs: int) -> list:
+    fn()  # warm-up
+    times = []
+    for _ in range(runs):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return times
+
+
+def insitu_times(binary: str, root: str, sql: str, runs: int, threads: int, devices_threads: int) -> list:
+    out = subprocess.run(
+        [binary, "bench", "sql", sql, "--runs", str(runs), "--root", root, "--threads", str(devices_threads)],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    return json.loads(out.stdout.strip().splitlines()[-1])["runs_secs"]
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--insitu", required=True)
+    ap.add_argument("--root", required=True, help="insitu data root with lineitem in Parquet")
+    ap.add_argument("--hybrid-root", help="the same lineitem in the hybrid layout, keyed per query")
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=2, help="threads of every engine")
+    ap.add_argument("--device-threads", type=int, default=1, help="threads per insitu device")
+    ap.add_argument("--out")
+    args = ap.parse_args()
+    files = sorted(glob.glob(os.path.join(args.root, "dev*", "lineitem", "*.parquet")))
+    if not files:
+        sys.exit(f"error: no lineitem partitions under {args.root}")
+    with tempfile.TemporaryDirectory() as scratch:
+        for f in files:
+            dev = os.path.basename(os.path.dirname(os.path.dirname(f)))
+            os.symlink(f, os.path.join(scratch, f"{dev}-{os.path.basename(f)}"))
+        pattern = os.path.join(scratch, "*.parquet")
+        duck = duckdb.connect()
+        duck.execute(f"set threads = {args.threads}")
+        duck.execute(f"create view lineitem as select * from read_parquet('{pattern}')")
+        os.environ["POLARS_MAX_THREADS"] = str(args.threads)
+        cfg = datafusion.SessionConfig().with_target_partitions(args.threads)
+        dfx = datafusion.SessionContext(cfg)
+        dfx.register_parquet("lineitem", scratch)
+        rows = []
+        for key, kind in KEYS:
+            sql = f"SELECT * FROM lineitem ORDER BY {key}"
+            row = {"key": key, "kind": kind, "runs": args.runs}
+            row["insitu"] = insitu_times(args.insitu, args.root, sql, args.runs, args.threads, args.device_threads)
+            if args.hybrid_root:
+                hroot = os.path.join(args.hybrid_root, key)
+                if os.path.isdir(hroot):
+                    row["insitu_hybrid"] = insitu_times(
+                        args.insitu, hroot, sql, args.runs, args.threads, args.device_threads
+                    )
+            row["duckdb"] = timed(lambda: duck.sql(sql).arrow(), args.runs)
+            row["polars"] = timed(lambda: pl.scan_parquet(pattern).sort(key).collect(), args.runs)
+            row["datafusion"] = timed(lambda: dfx.sql(sql).collect(), args.runs)
+            rows.append(row)
+            print(f"{key}: " + ", ".join(f"{k} {statistics.median(v):.3f}s" for k, v in row.items() if isinstance(v, list)), file=sys.stderr)
+    engines = ["insitu"] + (["insitu_hybrid"] if any("insitu_hybrid" in r for r in rows) else []) + ["duckdb", "polars", "datafusion"]
+    print(f"ORDER BY on lineitem ({len(files)} Parquet partitions), all columns, {args.threads} threads, median of {args.runs}\n")
+    print("| key | " + " | ".join(f"{e} (s)" for e in engines) + " | DuckDB / insitu | Polars / insitu | DataFusion / insitu |")
+    print("|---" * (len(engines) + 4) + "|")
+    for r in rows:
+        med = {e: statistics.median(r[e]) for e in engines if e in r}
+        best = min(med[e] for e in ("insitu", "insitu_hybrid") if e in med)
+        cells = [f"{med[e]:.3f}" if e in med else "-" for e in engines]
+        ratios = [f"{med[e] / best:.2f}x" for e in ("duckdb", "polars", "datafusion")]
+        print(f"| {r['key']} ({r['kind']}) | " + " | ".join(cells) + " | " + " | ".join(ratios) + " |")
+    if args.out:
+        tmp = args.out + ".tmp"
+        with open(tmp, "w") as f:
+            for r in rows:
+                f.write(json.dumps(r) + "\n")
+        os.replace(tmp, args.out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,449 @@
+//! [`KernelSortExec`]: a stage's sort, run with the insitu kernels.
+//!
+//! ```text
+//!   KernelSortExec (one sorted output partition)
+//!     |  1. collect the input, reserving device memory per batch
+//!     |     (with a fetch of k: compact to the best k rows as it goes)
+//!     |  2. evaluate the sort keys, argsort them (radix, dictionary ranks,
+//!     |     row keys for several columns; top-k by selection)
+//!     |  3. shuffle: gather every column by the sorted indices, one
+//!     |     output batch at a time
+//!   input (coalesced to one partition)
+//! ```
+//!
+//! The host sends a DataFusion `SortExec` inside the stage plan; the device
+//! swaps it for this operator after decoding ([`use_kernel_sorts`]). The
+//! host merges the devices' sorted streams with a sort-preserving merge.
+
+use std::fmt;
+use std::sync::Arc;
+
+use arrow::array::RecordBatch;
+use arrow::compute::{concat_batches, SortColumn};
+use arrow::datatypes::SchemaRef;
+use datafusion::common::tree_node::{Transformed, TreeNode, TreeNodeRecursion};
+use datafusion::common::{internal_err, DataFusionError, Result};
+use datafusion::execution::memory_pool::{MemoryConsumer, MemoryReservation};
+use datafusion::execution::{SendableRecordBatchStream, TaskContext};
+use datafusion::physical_expr::{EquivalenceProperties, LexOrdering, PhysicalExpr};
+use datafusion::physical_plan::coalesce_partitions::CoalescePartitionsExec;
+use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
+use datafusion::physical_plan::metrics::{BaselineMetrics, ExecutionPlanMetricsSet, MetricsSet};
+use datafusion::physical_plan::sorts::sort::SortExec;
+use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
+use datafusion::physical_plan::{
+    DisplayAs, DisplayFormatType, ExecutionPlan, ExecutionPlanProperties, Partitioning,
+    PlanProperties,
+};
+use futures::StreamExt;
+use insitu_kernels::{argsort_columns, gather_batch, Parallelism};
+
+use crate::hybrid_sort::hybrid_sort_for;
+
+/// Rows buffered before a top-k sort compacts them: at least this many,
+/// and at least twice k, so each compaction discards half or more.
+const TOP_K_COMPACT_ROWS_MIN: usize = 64 * 1024;
+
+/// Sorts its single input partition with the insitu kernels.
+#[derive(Debug)]
+pub struct KernelSortExec {
+    input: Arc<dyn ExecutionPlan>,
+    ordering: LexOrdering,
+    fetch: Option<usize>,
+    /// Threads the argsort may use (the device's thread budget).
+    threads: usize,
+    metrics: ExecutionPlanMetricsSet,
+    properties: Arc<PlanProperties>,
+}
+
+impl KernelSortExec {
+    /// Sorts `input` (coalesced first if it has several partitions).
+    pub fn new(
+        input: Arc<dyn ExecutionPlan>,
+        ordering: LexOrdering,
+        fetch: Option<usize>,
+        threads: usize,
+    ) -> Self {
+        let input: Arc<dyn ExecutionPlan> = if input.output_partitioning().partition_count() > 1 {
+            Arc::new(CoalescePartitionsExec::new(input))
+        } else {
+            input
+        };
+        let properties = PlanProperties::new(
+            EquivalenceProperties::new_with_orderings(input.schema(), [ordering.clone()]),
+            Partitioning::UnknownPartitioning(1),
+            EmissionType::Final,
+            Boundedness::Bounded,
+        );
+        Self {
+            input,
+            ordering,
+            fetch,
+            threads: threads.max(1),
+            metrics: ExecutionPlanMetricsSet::new(),
+            properties: Arc::new(properties),
+        }
+    }
+
+    /// The kernel sort that does what `sort` asks.
+    pub fn from_sort_exec(sort: &SortExec, threads: usize) -> Self {
+        Self::new(
+            Arc::clone(sort.input()),
+            sort.expr().clone(),
+            sort.fetch(),
+            threads,
+        )
+    }
+
+    pub fn ordering(&self) -> &LexOrdering {
+        &self.ordering
+    }
+
+    pub fn fetch(&self) -> Option<usize> {
+        self.fetch
+    }
+}
+
+/// Replaces the `SortExec`s of a decoded stage with kernel sorts: a
+/// [`crate::HybridSortExec`] where the sort reads hybrid partitions by their
+/// column-wise keys, else a [`KernelSortExec`]; full sorts always, top-k
+/// sorts (with a fetch) only if `top_k`.
+pub fn use_kernel_sorts(
+    plan: Arc<dyn ExecutionPlan>,
+    threads: usize,
+    top_k: bool,
+) -> Result<Arc<dyn ExecutionPlan>> {
+    Ok(plan
+        .transform_up(|node| {
+            Ok(match node.downcast_ref::<SortExec>() {
+                Some(sort) if top_k || sort.fetch().is_none() => {
+                    match hybrid_sort_for(sort, threads) {
+                        Some(hybrid) => Transformed::yes(Arc::new(hybrid) as _),
+                        None => Transformed::yes(Arc::new(KernelSortExec::from_sort_exec(
+                            sort, threads,
+                        )) as _),
+                    }
+                }
+                _ => Transformed::no(node),
+            })
+        })?
+        .data)
+}
+
+impl DisplayAs for KernelSortExec {
+    fn fmt_as(&self, _t: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
+        write!(f, "KernelSortExec: expr=[{}]", self.ordering)?;
+        if let Some(k) = self.fetch {
+            write!(f, ", fetch={k}")?;
+        }
+        Ok(())
+    }
+}
+
+impl ExecutionPlan for KernelSortExec {
+    fn name(&self) -> &str {
+        "KernelSortExec"
+    }
+
+    fn properties(&self) -> &Arc<PlanProperties> {
+        &self.properties
+    }
+
+    fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
+        vec![&self.input]
+    }
+
+    fn apply_expressions(
+        &self,
+        f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> Result<TreeNodeRecursion>,
+    ) -> Result<TreeNodeRecursion> {
+        for sort_expr in self.ordering.iter() {
+            if f(&sort_expr.expr)? == TreeNodeRecursion::Stop {
+                return Ok(TreeNodeRecursion::Stop);
+            }
+        }
+        Ok(TreeNodeRecursion::Continue)
+    }
+
+    fn with_new_children(
+        self: Arc<Self>,
+        children: Vec<Arc<dyn ExecutionPlan>>,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        let [input] = <[_; 1]>::try_from(children).map_err(|c| {
+            DataFusionError::Internal(format!("KernelSortExec: {} children", c.len()))
+        })?;
+        Ok(Arc::new(Self::new(
+            input,
+            self.ordering.clone(),
+            self.fetch,
+            self.threads,
+        )))
+    }
+
+    fn fetch(&self) -> Option<usize> {
+        self.fetch
+    }
+
+    fn metrics(&self) -> Option<MetricsSet> {
+        Some(self.metrics.clone_inner())
+    }
+
+    fn execute(
+        &self,
+        partition: usize,
+        context: Arc<TaskContext>,
+    ) -> Result<SendableRecordBatchStream> {
+        if partition != 0 {
+            return internal_err!("KernelSortExec has one partition, not {partition}");
+        }
+        let input = self.input.execute(0, Arc::clone(&context))?;
+        let reservation = MemoryConsumer::new("KernelSortExec").register(context.memory_pool());
+        let job = SortJob {
+            schema: self.schema(),
+            ordering: self.ordering.clone(),
+            fetch: self.fetch,
+            threads: self.threads,
+            batch_rows: context.session_config().batch_size(),
+            metrics: BaselineMetrics::new(&self.metrics, partition),
+        };
+        let schema = self.schema();
+        let stream = futures::stream::once(job.run(input, reservation))
+            .map(|result| match result {
+                Ok(batches) => futures::stream::iter(batches.into_iter().map(Ok)).boxed(),
+                Err(e) => futures::stream::once(async { Err(e) }).boxed(),
+            })
+            .flatten();
+        Ok(Box::pin(RecordBatchStreamAdapter::new(schema, stream)))
+    }
+}
+
+/// One execution of a [`KernelSortExec`].
+struct SortJob {
+    schema: SchemaRef,
+    ordering: LexOrdering,
+    fetch: Option<usize>,
+    threads: usize,
+    batch_rows: usize,
+    metrics: BaselineMetrics,
+}
+
+impl SortJob {
+    async fn run(
+        self,
+        mut input: SendableRecordBatchStream,
+        reservation: MemoryReservation,
+    ) -> Result<Vec<RecordBatch>> {
+        let job = Arc::new(self);
+        let mut buffered: Vec<RecordBatch> = vec![];
+        let mut rows = 0usize;
+        while let Some(batch) = input.next().await {
+            let batch = batch?;
+            if batch.num_rows() == 0 {
+                continue;
+            }
+            reservation.try_grow(batch.get_array_memory_size())?;
+            rows += batch.num_rows();
+            buffered.push(batch);
+            if let Some(k) = job.fetch {
+                if rows >= TOP_K_COMPACT_ROWS_MIN.max(2 * k) {
+                    let kept = job.sorted(std::mem::take(&mut buffered), Some(k))?;
+                    rows = kept.num_rows();
+                    reservation.try_resize(kept.get_array_memory_size())?;
+                    buffered.push(kept);
+                }
+            }
+        }
+        // The sort holds a concatenated copy of the input and its output.
+        reservation.try_grow(reservation.size())?;
+        let worker = Arc::clone(&job);
+        let sorted = tokio::task::spawn_blocking(move || worker.sorted(buffered, worker.fetch))
+            .await
+            .map_err(|e| DataFusionError::Execution(format!("sort worker failed: {e}")))??;
+        let out = job.split(&sorted);
+        drop(reservation);
+        Ok(out)
+    }
+
+    /// Concatenates `batches` and returns them sorted (first `limit` rows).
+    fn sorted(&self, batches: Vec<RecordBatch>, limit: Option<usize>) -> Result<RecordBatch> {
+        let _timer = self.metrics.elapsed_compute().timer();
+        let all = concat_batches(&self.schema, &batches)?;
+        drop(batches);
+        if all.num_rows() == 0 {
+            return Ok(all);
+        }
+        let columns = self
+            .ordering
+            .iter()
+            .map(|e| {
+                Ok(SortColumn {
+                    values: e.expr.evaluate(&all)?.into_array(all.num_rows())?,
+                    options: Some(e.options),
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let order: Vec<u32> = argsort_columns(&columns, limit, Parallelism(self.threads))?;
+        Ok(gather_batch(&all, &order)?)
+    }
+
+    /// Cuts the sorted rows into output batches.
+    fn split(&self, sorted: &RecordBatch) -> Vec<RecordBatch> {
+        let n = sorted.num_rows();
+        let step = self.batch_rows.max(1);
+        let out: Vec<RecordBatch> = (0..n)
+            .step_by(step)
+            .map(|at| sorted.slice(at, step.min(n - at)))
+            .collect();
+        self.metrics.record_output(n);
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use arrow::array::{ArrayRef, Float64Array, Int64Array, StringArray};
+    use arrow::compute::SortOptions;
+    use arrow::datatypes::{DataType, Field, Schema};
+    use datafusion::datasource::memory::MemorySourceConfig;
+    use datafusion::physical_expr::expressions::col;
+    use datafusion::physical_expr::PhysicalSortExpr;
+    use datafusion::physical_plan::collect;
+    use datafusion::prelude::SessionContext;
+    use rand::{Rng, SeedableRng};
+
+    /// `batches` batches of random rows with ties, nulls and NaN.
+    fn input(batches: usize, rows: usize) -> (SchemaRef, Vec<RecordBatch>) {
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("id", DataType::Int64, false),
+            Field::new("k", DataType::Int64, true),
+            Field::new("f", DataType::Float64, true),
+            Field::new("s", DataType::Utf8, true),
+        ]));
+        let mut rng = rand::rngs::StdRng::seed_from_u64(5);
+        let mut next_id = 0i64;
+        let out = (0..batches)
+            .map(|_| {
+                let ids: Vec<i64> = (0..rows as i64).map(|i| next_id + i).collect();
+                next_id += rows as i64;
+                let k: Vec<Option<i64>> = (0..rows)
+                    .map(|_| rng.random_bool(0.9).then(|| rng.random_range(-50..50)))
+                    .collect();
+                let f: Vec<Option<f64>> = (0..rows)
+                    .map(|_| match rng.random_range(0..10) {
+                        0 => None,
+                        1 => Some(f64::NAN),
+                        _ => Some(rng.random_range(-3..3) as f64 * 0.5),
+                    })
+                    .collect();
+                let s: Vec<Option<String>> = (0..rows)
+                    .map(|_| {
+                        rng.random_bool(0.95)
+                            .then(|| format!("w{}", rng.random_range(0..9)))
+                    })
+                    .collect();
+                let columns: Vec<ArrayRef> = vec![
+                    Arc::new(Int64Array::from(ids)),
+                    Arc::new(Int64Array::from(k)),
+                    Arc::new(Float64Array::from(f)),
+                    Arc::new(StringArray::from(s)),
+                ];
+                RecordBatch::try_new(Arc::clone(&schema), columns).unwrap()
+            })
+            .collect();
+        (schema, out)
+    }
+
+    fn ordering(schema: &SchemaRef) -> LexOrdering {
+        let key = |name: &str, descending: bool, nulls_first: bool| PhysicalSortExpr {
+            expr: col(name, schema).unwrap(),
+            options: SortOptions {
+                descending,
+                nulls_first,
+            },
+        };
+        LexOrdering::new(vec![
+            key("s", true, false),
+            key("k", false, true),
+            key("id", false, false), // unique: one right answer
+        ])
+        .unwrap()
+    }
+
+    async fn run(plan: Arc<dyn ExecutionPlan>) -> RecordBatch {
+        let ctx = SessionContext::new();
+        let batches = collect(Arc::clone(&plan), ctx.task_ctx()).await.unwrap();
+        concat_batches(&plan.schema(), &batches).unwrap()
+    }
+
+    #[tokio::test]
+    async fn kernel_sort_and_top_k_match_datafusion_sort() {
+        // 3 partitions of 12 x 7_001 rows: enough to trigger top-k compaction.
+        let (schema, batches) = input(36, 7_001);
+        let partitions: Vec<Vec<RecordBatch>> = batches.chunks(12).map(|c| c.to_vec()).collect();
+        let source =
+            || MemorySourceConfig::try_new_exec(&partitions, Arc::clone(&schema), None).unwrap();
+        let order = ordering(&schema);
+        for fetch in [None, Some(0), Some(1), Some(1000), Some(300_000)] {
+            let ours = run(Arc::new(KernelSortExec::new(
+                source(),
+                order.clone(),
+                fetch,
+                2,
+            )))
+            .await;
+            if fetch == Some(0) {
+                // DataFusion's TopK has no k = 0 to compare with.
+                assert_eq!(ours.num_rows(), 0);
+                continue;
+            }
+            let merged = Arc::new(CoalescePartitionsExec::new(source()));
+            let reference = run(Arc::new(
+                SortExec::new(order.clone(), merged).with_fetch(fetch),
+            ))
+            .await;
+            assert_eq!(ours.num_rows(), reference.num_rows(), "fetch {fetch:?}");
+            assert_eq!(ours, reference, "fetch {fetch:?}");
+        }
+    }
+
+    #[tokio::test]
+    async fn kernel_sort_fails_cleanly_over_the_memory_budget() {
+        use datafusion::execution::memory_pool::GreedyMemoryPool;
+        use datafusion::execution::runtime_env::RuntimeEnvBuilder;
+        let (schema, batches) = input(20, 10_000);
+        let source =
+            MemorySourceConfig::try_new_exec(&[batches], Arc::clone(&schema), None).unwrap();
+        let runtime = RuntimeEnvBuilder::new()
+            .with_memory_pool(Arc::new(GreedyMemoryPool::new(1 << 20)))
+            .build_arc()
+            .unwrap();
+        let ctx = SessionContext::new_with_config_rt(Default::default(), runtime);
+        let plan = Arc::new(KernelSortExec::new(source, ordering(&schema), None, 1));
+        let err = collect(plan, ctx.task_ctx()).await.unwrap_err().to_string();
+        assert!(err.contains("KernelSortExec"), "{err}");
+        assert!(err.to_lowercase().contains("resources exhausted"), "{err}");
+    }
+
+    #[test]
+    fn swaps_full_sorts_and_keeps_top_k_unless_asked() {
+        let (schema, batches) = input(1, 10);
+        let source =
+            MemorySourceConfig::try_new_exec(&[batches], Arc::clone(&schema), None).unwrap();
+        let full: Arc<dyn ExecutionPlan> =
+            Arc::new(SortExec::new(ordering(&schema), Arc::clone(&source) as _));
+        let top: Arc<dyn ExecutionPlan> =
+            Arc::new(SortExec::new(ordering(&schema), source as _).with_fetch(Some(3)));
+        assert_eq!(
+            use_kernel_sorts(full, 1, false).unwrap().name(),
+            "KernelSortExec"
+        );
+        assert!(use_kernel_sorts(Arc::clone(&top), 1, false)
+            .unwrap()
+            .name()
+            .starts_with("SortExec"));
+        let swapped = use_kernel_sorts(top, 1, true).unwrap();
+        assert_eq!(swapped.name(), "KernelSortExec");
+        assert_eq!(swapped.fetch(), Some(3));
+    }
+}
