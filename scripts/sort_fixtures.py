@@ -10,6 +10,12 @@ NULLs, NaN, infinities and negative zero) and queries.json: for each query,
 DuckDB's first result column in order, rendered as text (NULL is null).
 Queries that end in a unique tiebreaker (id) have one right order; queries
 without one return only their sort key, whose sequence is unique too.
+
+With --tpch-root (a root from `insitu gen tpch --sf 0.01`), also writes
+lineitem.json: ORDER BY queries over all of lineitem, each with its row
+count and the CRC32 of its rows rendered as "orderkey|linenumber|
+extendedprice|shipmode|comment" lines, so a test can check a 60k-row order
+(sorted past a small device memory budget) without storing it.
 """
 import argparse
 import datetime
@@ -20,6 +26,8 @@ import os
 import pathlib
 import random
 import sys
+
+import zlib
 
 import duckdb
 
@@ -105,12 +113,46 @@ def render(value):
     return str(value)
 
 
+LINEITEM_ORDERS = [
+    "l_partkey",
+    "l_shipmode, l_shipinstruct",
+    "l_extendedprice DESC",
+    "l_comment",
+]
+
+
+def lineitem_fixture(root: pathlib.Path, out: pathlib.Path) -> None:
+    files = sorted(str(p) for p in root.glob("dev*/lineitem/*.parquet"))
+    if not files:
+        raise SystemExit(f"error: no lineitem partitions under {root}")
+    con = duckdb.connect()
+    con.execute(f"create view lineitem as select * from read_parquet({files!r})")
+    doc = []
+    for keys in LINEITEM_ORDERS:
+        sql = f"SELECT * FROM lineitem ORDER BY {keys}, l_orderkey, l_linenumber"
+        lines = con.sql(
+            f"SELECT l_orderkey, l_linenumber, l_extendedprice, l_shipmode, l_comment "
+            f"FROM ({sql})"
+        ).fetchall()
+        crc = 0
+        for row in lines:
+            crc = zlib.crc32(("|".join(str(v) for v in row) + "\n").encode(), crc)
+        doc.append({"sql": sql, "rows": len(lines), "crc32": crc})
+    tmp = out / ".lineitem.json.tmp"
+    tmp.write_text(json.dumps(doc, indent=1) + "\n")
+    os.replace(tmp, out / "lineitem.json")
+    print(f"{len(doc)} lineitem queries over {doc[0]['rows']} rows")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True)
+    ap.add_argument("--tpch-root", type=pathlib.Path, help="root of `insitu gen tpch --sf 0.01`")
     args = ap.parse_args()
     out = pathlib.Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    if args.tpch_root:
+        lineitem_fixture(args.tpch_root, out)
     con = duckdb.connect()
     con.execute(
         "create table sortdata (id integer, i8 tinyint, i32 integer, i64 bigint, f double, r real, "

@@ -3,6 +3,7 @@
 mod bench;
 mod demo;
 mod output;
+mod records;
 mod server;
 mod session;
 mod sortjob;
@@ -40,6 +41,14 @@ enum Command {
     /// Sort a whole table into a new table, range-partitioned over the
     /// devices: reading it in partition order is globally sorted.
     Sort(sortjob::SortArgs),
+    /// Write TeraSort records (100 bytes, 10-byte keys; gensort's format).
+    Gensort(records::GensortArgs),
+    /// Check a file of records for order; print its record count,
+    /// duplicate keys and checksum (sum of CRC32s, as valsort does).
+    Valsort(records::ValsortArgs),
+    /// Sort a file of fixed-size records larger than memory (two-phase
+    /// external merge sort; run size and fan-in from paper 001's model).
+    Extsort(records::ExtsortArgs),
     /// Build TPC-H SF1 on 4 devices (once) and compare pushdown with pull.
     Demo(DemoArgs),
     /// Benchmarks.
@@ -291,6 +300,9 @@ async fn run(cli: Cli) -> Result<(), String> {
             }
         }
         Command::Sort(a) => sortjob::run(a).await,
+        Command::Gensort(a) => session::blocking(move || records::gensort(a)).await,
+        Command::Valsort(a) => session::blocking(move || records::valsort(a)).await,
+        Command::Extsort(a) => session::blocking(move || records::extsort(a)).await,
         Command::Demo(a) => demo::run(a).await,
         Command::Bench {
             what: BenchWhat::Tpch(a),

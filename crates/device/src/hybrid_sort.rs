@@ -50,8 +50,15 @@ const SORTED_BATCHES_IN_FLIGHT: usize = 4;
 
 /// A [`HybridSortExec`] doing what `sort` asks, if `sort` reads a hybrid
 /// scan directly and sorts by its column-wise keys; `None` otherwise.
-pub fn hybrid_sort_for(sort: &SortExec, threads: usize) -> Option<HybridSortExec> {
+pub fn hybrid_sort_for(
+    sort: &SortExec,
+    threads: usize,
+    mem_bytes_max: usize,
+) -> Option<HybridSortExec> {
     let scan = sort.input().downcast_ref::<HybridScanExec>()?;
+    if hybrid_sort_bytes(scan.files()) > mem_bytes_max as u64 {
+        return None; // the kernel sort spills; this one would not fit
+    }
     let schema = scan.schema();
     let mut names = vec![];
     for e in sort.expr().iter() {
@@ -71,6 +78,18 @@ pub fn hybrid_sort_for(sort: &SortExec, threads: usize) -> Option<HybridSortExec
             threads,
         )
     })
+}
+
+/// Memory a hybrid sort of `files` holds: decoded keys (about twice their
+/// IPC bytes), row slots, heaps and a 4-byte index per row.
+fn hybrid_sort_bytes(files: &[HybridFile]) -> u64 {
+    files
+        .iter()
+        .map(|f| {
+            let l = f.layout();
+            2 * l.key_section.len + l.row_section.len + l.heap_section.len + 4 * f.row_count()
+        })
+        .sum()
 }
 
 fn clone_scan(scan: &HybridScanExec) -> HybridScanExec {

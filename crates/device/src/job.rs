@@ -161,8 +161,7 @@ impl Device {
             .collect::<DeviceResult<Vec<_>>>()?;
         let ordering = LexOrdering::new(ordering).expect("at least one key");
         let sort: Arc<dyn ExecutionPlan> = Arc::new(SortExec::new(ordering, scan));
-        let plan =
-            use_kernel_sorts(sort, self.config.threads, false).map_err(|e| self.df_err(e))?;
+        let plan = use_kernel_sorts(sort, &self.sort_config(false)).map_err(|e| self.df_err(e))?;
         let mut stream = self.stream(plan)?;
         let options = WriterOptions {
             row_group_rows_max: request.row_group_rows_max.clamp(1, 1 << 24) as usize,

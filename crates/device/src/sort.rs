@@ -2,12 +2,15 @@
 //!
 //! ```text
 //!   KernelSortExec (one sorted output partition)
-//!     |  1. collect the input, reserving device memory per batch
-//!     |     (with a fetch of k: compact to the best k rows as it goes)
+//!     |  1. collect the input, reserving device memory per batch (for
+//!     |     the batch and its sorted copy); with a fetch of k: compact to
+//!     |     the best k rows as it goes
 //!     |  2. evaluate the sort keys, argsort them (radix, dictionary ranks,
 //!     |     row keys for several columns; top-k by selection)
 //!     |  3. shuffle: gather every column by the sorted indices, one
 //!     |     output batch at a time
+//!     |  past the budget, with a spill directory: 1-3 on what fits, write
+//!     |  it as a sorted run, go on; at the end merge the runs (crate::spill)
 //!   input (coalesced to one partition)
 //! ```
 //!
@@ -16,6 +19,7 @@
 //! host merges the devices' sorted streams with a sort-preserving merge.
 
 use std::fmt;
+use std::path::PathBuf;
 use std::sync::Arc;
 
 use arrow::array::RecordBatch;
@@ -28,7 +32,9 @@ use datafusion::execution::{SendableRecordBatchStream, TaskContext};
 use datafusion::physical_expr::{EquivalenceProperties, LexOrdering, PhysicalExpr};
 use datafusion::physical_plan::coalesce_partitions::CoalescePartitionsExec;
 use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
-use datafusion::physical_plan::metrics::{BaselineMetrics, ExecutionPlanMetricsSet, MetricsSet};
+use datafusion::physical_plan::metrics::{
+    BaselineMetrics, Count, ExecutionPlanMetricsSet, MetricBuilder, MetricsSet,
+};
 use datafusion::physical_plan::sorts::sort::SortExec;
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::{
@@ -39,6 +45,30 @@ use futures::StreamExt;
 use insitu_kernels::{argsort_columns, gather_batch, Parallelism};
 
 use crate::hybrid_sort::hybrid_sort_for;
+use crate::spill::{merge_runs, reduce_runs, rows_within, KeyEncoder, SpillRuns};
+
+/// How a device runs the sorts of its stages.
+#[derive(Debug, Clone)]
+pub struct SortConfig {
+    /// Threads the argsort may use (the device's thread budget).
+    pub threads: usize,
+    /// Run top-k with the kernels too (else DataFusion's TopK).
+    pub top_k: bool,
+    /// Where sorts spill sorted runs when the input outgrows the memory
+    /// budget; `None`: such a sort fails.
+    pub spill_dir: Option<PathBuf>,
+    /// The device's memory budget (`mem_bytes_max`): a hybrid sort is
+    /// used only if its files fit.
+    pub mem_bytes_max: usize,
+}
+
+/// A spilling sort writes its run batches at 1/32 of its budget, so a
+/// merge holding two batches per run in 3/4 of the budget merges 12 runs
+/// at once.
+const MERGE_FAN_IN_TARGET: usize = 32;
+
+/// Output batches in flight between the sorting thread and the stage.
+const SORTED_BATCHES_IN_FLIGHT: usize = 4;
 
 /// Rows buffered before a top-k sort compacts them: at least this many,
 /// and at least twice k, so each compaction discards half or more.
@@ -52,6 +82,7 @@ pub struct KernelSortExec {
     fetch: Option<usize>,
     /// Threads the argsort may use (the device's thread budget).
     threads: usize,
+    spill_dir: Option<PathBuf>,
     metrics: ExecutionPlanMetricsSet,
     properties: Arc<PlanProperties>,
 }
@@ -80,6 +111,7 @@ impl KernelSortExec {
             ordering,
             fetch,
             threads: threads.max(1),
+            spill_dir: None,
             metrics: ExecutionPlanMetricsSet::new(),
             properties: Arc::new(properties),
         }
@@ -95,6 +127,12 @@ impl KernelSortExec {
         )
     }
 
+    /// Spills sorted runs under `dir` when the input outgrows the budget.
+    pub fn with_spill_dir(mut self, dir: Option<PathBuf>) -> Self {
+        self.spill_dir = dir;
+        self
+    }
+
     pub fn ordering(&self) -> &LexOrdering {
         &self.ordering
     }
@@ -107,21 +145,21 @@ impl KernelSortExec {
 /// Replaces the `SortExec`s of a decoded stage with kernel sorts: a
 /// [`crate::HybridSortExec`] where the sort reads hybrid partitions by their
 /// column-wise keys, else a [`KernelSortExec`]; full sorts always, top-k
-/// sorts (with a fetch) only if `top_k`.
+/// sorts (with a fetch) only if `config.top_k`.
 pub fn use_kernel_sorts(
     plan: Arc<dyn ExecutionPlan>,
-    threads: usize,
-    top_k: bool,
+    config: &SortConfig,
 ) -> Result<Arc<dyn ExecutionPlan>> {
     Ok(plan
         .transform_up(|node| {
             Ok(match node.downcast_ref::<SortExec>() {
-                Some(sort) if top_k || sort.fetch().is_none() => {
-                    match hybrid_sort_for(sort, threads) {
+                Some(sort) if config.top_k || sort.fetch().is_none() => {
+                    match hybrid_sort_for(sort, config.threads, config.mem_bytes_max) {
                         Some(hybrid) => Transformed::yes(Arc::new(hybrid) as _),
-                        None => Transformed::yes(Arc::new(KernelSortExec::from_sort_exec(
-                            sort, threads,
-                        )) as _),
+                        None => Transformed::yes(Arc::new(
+                            KernelSortExec::from_sort_exec(sort, config.threads)
+                                .with_spill_dir(config.spill_dir.clone()),
+                        ) as _),
                     }
                 }
                 _ => Transformed::no(node),
@@ -172,12 +210,10 @@ impl ExecutionPlan for KernelSortExec {
         let [input] = <[_; 1]>::try_from(children).map_err(|c| {
             DataFusionError::Internal(format!("KernelSortExec: {} children", c.len()))
         })?;
-        Ok(Arc::new(Self::new(
-            input,
-            self.ordering.clone(),
-            self.fetch,
-            self.threads,
-        )))
+        Ok(Arc::new(
+            Self::new(input, self.ordering.clone(), self.fetch, self.threads)
+                .with_spill_dir(self.spill_dir.clone()),
+        ))
     }
 
     fn fetch(&self) -> Option<usize> {
@@ -198,22 +234,32 @@ impl ExecutionPlan for KernelSortExec {
         }
         let input = self.input.execute(0, Arc::clone(&context))?;
         let reservation = MemoryConsumer::new("KernelSortExec").register(context.memory_pool());
-        let job = SortJob {
+        let job = Arc::new(SortJob {
             schema: self.schema(),
             ordering: self.ordering.clone(),
             fetch: self.fetch,
             threads: self.threads,
-            batch_rows: context.session_config().batch_size(),
+            batch_rows: context.session_config().batch_size().max(1),
+            spill_dir: self.spill_dir.clone(),
             metrics: BaselineMetrics::new(&self.metrics, partition),
+            spilled_runs: MetricBuilder::new(&self.metrics).counter("spilled_runs", partition),
+            spilled_bytes: MetricBuilder::new(&self.metrics).counter("spilled_bytes", partition),
+        });
+        let (tx, rx) = tokio::sync::mpsc::channel(SORTED_BATCHES_IN_FLIGHT);
+        let run = async move {
+            if let Err(e) = job.run(input, reservation, tx.clone()).await {
+                let _ = tx.send(Err(e)).await;
+            }
         };
-        let schema = self.schema();
-        let stream = futures::stream::once(job.run(input, reservation))
-            .map(|result| match result {
-                Ok(batches) => futures::stream::iter(batches.into_iter().map(Ok)).boxed(),
-                Err(e) => futures::stream::once(async { Err(e) }).boxed(),
-            })
-            .flatten();
-        Ok(Box::pin(RecordBatchStreamAdapter::new(schema, stream)))
+        let stream = futures::stream::once(async move {
+            tokio::spawn(run);
+            futures::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|b| (b, rx)) })
+        })
+        .flatten();
+        Ok(Box::pin(RecordBatchStreamAdapter::new(
+            self.schema(),
+            stream,
+        )))
     }
 }
 
@@ -224,44 +270,166 @@ struct SortJob {
     fetch: Option<usize>,
     threads: usize,
     batch_rows: usize,
+    spill_dir: Option<PathBuf>,
     metrics: BaselineMetrics,
+    spilled_runs: Count,
+    spilled_bytes: Count,
 }
+
+type Sender = tokio::sync::mpsc::Sender<Result<RecordBatch>>;
 
 impl SortJob {
     async fn run(
-        self,
+        self: Arc<Self>,
         mut input: SendableRecordBatchStream,
         reservation: MemoryReservation,
-    ) -> Result<Vec<RecordBatch>> {
-        let job = Arc::new(self);
+        tx: Sender,
+    ) -> Result<()> {
         let mut buffered: Vec<RecordBatch> = vec![];
         let mut rows = 0usize;
+        let mut spill: Option<SpillRuns> = None;
+        let mut spilled_batch_bytes = 0;
         while let Some(batch) = input.next().await {
             let batch = batch?;
             if batch.num_rows() == 0 {
                 continue;
             }
-            reservation.try_grow(batch.get_array_memory_size())?;
+            // The batch, and its share of the sorted copy.
+            let need = 2 * batch.get_array_memory_size();
+            if let Err(full) = reservation.try_grow(need) {
+                let dir = match &self.spill_dir {
+                    Some(dir) if self.fetch.is_none() && !buffered.is_empty() => dir.clone(),
+                    _ => return Err(full),
+                };
+                let runs = match spill.take() {
+                    Some(runs) => runs,
+                    None => SpillRuns::create(&dir)?,
+                };
+                // Run batches small enough for a wide merge in this budget.
+                let batch_bytes = reservation.size() / MERGE_FAN_IN_TARGET;
+                spill = Some(
+                    self.spill(runs, std::mem::take(&mut buffered), batch_bytes)
+                        .await?,
+                );
+                spilled_batch_bytes = batch_bytes;
+                rows = 0;
+                reservation.free();
+                reservation.try_grow(need)?; // one batch must fit
+            }
             rows += batch.num_rows();
             buffered.push(batch);
-            if let Some(k) = job.fetch {
+            if let Some(k) = self.fetch {
                 if rows >= TOP_K_COMPACT_ROWS_MIN.max(2 * k) {
-                    let kept = job.sorted(std::mem::take(&mut buffered), Some(k))?;
+                    let kept = self.sorted(std::mem::take(&mut buffered), Some(k))?;
                     rows = kept.num_rows();
-                    reservation.try_resize(kept.get_array_memory_size())?;
+                    reservation.try_resize(2 * kept.get_array_memory_size())?;
                     buffered.push(kept);
                 }
             }
         }
-        // The sort holds a concatenated copy of the input and its output.
-        reservation.try_grow(reservation.size())?;
-        let worker = Arc::clone(&job);
-        let sorted = tokio::task::spawn_blocking(move || worker.sorted(buffered, worker.fetch))
-            .await
-            .map_err(|e| DataFusionError::Execution(format!("sort worker failed: {e}")))??;
-        let out = job.split(&sorted);
-        drop(reservation);
-        Ok(out)
+        match spill {
+            None => {
+                let worker = Arc::clone(&self);
+                let sorted =
+                    tokio::task::spawn_blocking(move || worker.sorted(buffered, worker.fetch))
+                        .await
+                        .map_err(|e| {
+                            DataFusionError::Execution(format!("sort worker failed: {e}"))
+                        })??;
+                for batch in self.split(&sorted) {
+                    if tx.send(Ok(batch)).await.is_err() {
+                        break; // the stage was cancelled
+                    }
+                }
+                Ok(())
+            }
+            Some(runs) => {
+                let runs = match buffered.is_empty() {
+                    true => runs,
+                    false => self.spill(runs, buffered, spilled_batch_bytes).await?,
+                };
+                reservation.free();
+                // The merge takes at most 3/4 of what the sort held, and
+                // leaves the rest to the stage's result chunks.
+                let merge_bytes = spilled_batch_bytes * MERGE_FAN_IN_TARGET / 4 * 3;
+                self.merge(runs, reservation, merge_bytes, tx).await
+            }
+        }
+    }
+
+    /// Sorts `batches` and writes them as one more run, in batches of
+    /// about `batch_bytes`.
+    async fn spill(
+        self: &Arc<Self>,
+        mut runs: SpillRuns,
+        batches: Vec<RecordBatch>,
+        batch_bytes: usize,
+    ) -> Result<SpillRuns> {
+        let worker = Arc::clone(self);
+        tokio::task::spawn_blocking(move || {
+            let sorted = worker.sorted(batches, None)?;
+            let rows = rows_within(&sorted, batch_bytes, worker.batch_rows);
+            runs.write(&sorted, rows)?;
+            worker.spilled_runs.add(1);
+            let bytes = runs.runs.last().map_or(0, |r| r.bytes);
+            worker.spilled_bytes.add(bytes as usize);
+            Ok(runs)
+        })
+        .await
+        .map_err(|e| DataFusionError::Execution(format!("spill worker failed: {e}")))?
+    }
+
+    /// Merges the runs: as many at once as `merge_bytes` holds two
+    /// batches of each for (at least two), in passes if there are more.
+    async fn merge(
+        self: Arc<Self>,
+        mut runs: SpillRuns,
+        reservation: MemoryReservation,
+        merge_bytes: usize,
+        tx: Sender,
+    ) -> Result<()> {
+        let per_run = 2 * runs
+            .runs
+            .iter()
+            .map(|r| r.batch_bytes_max)
+            .max()
+            .unwrap_or(0);
+        reservation.try_grow(per_run / 2)?; // the output batch
+        let mut fan_in = 0;
+        while fan_in < runs.runs.len()
+            && reservation.size() + per_run <= merge_bytes
+            && reservation.try_grow(per_run).is_ok()
+        {
+            fan_in += 1;
+        }
+        if fan_in < 2 {
+            reservation.try_grow(per_run * (2 - fan_in))?;
+            fan_in = 2;
+        }
+        let worker = Arc::clone(&self);
+        tokio::task::spawn_blocking(move || {
+            let _timer = worker.metrics.elapsed_compute().timer();
+            let keys = KeyEncoder::new(&worker.ordering, &worker.schema)?;
+            let spilled: usize = runs.runs.iter().map(|r| r.rows).sum();
+            let rows = runs.merge_batch_rows(worker.batch_rows);
+            let last = reduce_runs(&mut runs, &worker.schema, &keys, rows, fan_in)?;
+            let (mut merged, mut open) = (0, true);
+            let mut emit = |batch: RecordBatch| {
+                merged += batch.num_rows();
+                worker.metrics.record_output(batch.num_rows());
+                open = tx.blocking_send(Ok(batch)).is_ok();
+                Ok(open)
+            };
+            merge_runs(&last, &worker.schema, &keys, rows, &mut emit)?;
+            if open && merged != spilled {
+                return internal_err!("merged {merged} rows of {spilled} spilled");
+            }
+            drop(runs); // removes the run files
+            drop(reservation);
+            Ok(())
+        })
+        .await
+        .map_err(|e| DataFusionError::Execution(format!("merge worker failed: {e}")))?
     }
 
     /// Concatenates `batches` and returns them sorted (first `limit` rows).
@@ -407,6 +575,62 @@ mod tests {
         }
     }
 
+    fn config(top_k: bool) -> SortConfig {
+        SortConfig {
+            threads: 1,
+            top_k,
+            spill_dir: None,
+            mem_bytes_max: 1 << 30,
+        }
+    }
+
+    /// A sort over 6x its budget spills runs, merges them in passes, and
+    /// gives DataFusion's answer; the runs are gone afterwards.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn kernel_sort_spills_past_the_budget() {
+        use datafusion::execution::memory_pool::GreedyMemoryPool;
+        use datafusion::execution::runtime_env::RuntimeEnvBuilder;
+        let (schema, batches) = input(40, 7_001);
+        let partitions: Vec<Vec<RecordBatch>> = batches.chunks(20).map(|c| c.to_vec()).collect();
+        let source =
+            || MemorySourceConfig::try_new_exec(&partitions, Arc::clone(&schema), None).unwrap();
+        let bytes: usize = batches.iter().map(|b| b.get_array_memory_size()).sum();
+        let runtime = RuntimeEnvBuilder::new()
+            .with_memory_pool(Arc::new(GreedyMemoryPool::new(bytes / 6)))
+            .build_arc()
+            .unwrap();
+        let ctx = SessionContext::new_with_config_rt(Default::default(), runtime);
+        let dir = tempfile::tempdir().unwrap();
+        let plan = Arc::new(
+            KernelSortExec::new(source(), ordering(&schema), None, 2)
+                .with_spill_dir(Some(dir.path().to_path_buf())),
+        );
+        let ours = collect(Arc::clone(&plan) as _, ctx.task_ctx())
+            .await
+            .unwrap();
+        let ours = concat_batches(&schema, &ours).unwrap();
+        let reference = run(Arc::new(SortExec::new(
+            ordering(&schema),
+            Arc::new(CoalescePartitionsExec::new(source())),
+        )))
+        .await;
+        assert_eq!(ours.num_rows(), 40 * 7_001);
+        assert_eq!(ours, reference);
+        let runs = plan
+            .metrics()
+            .unwrap()
+            .sum_by_name("spilled_runs")
+            .unwrap()
+            .as_usize();
+        assert!(runs > 4, "{runs} runs");
+        let spill = dir.path().join(crate::spill::SPILL_DIR);
+        assert_eq!(
+            std::fs::read_dir(&spill).unwrap().count(),
+            0,
+            "runs removed"
+        );
+    }
+
     #[tokio::test]
     async fn kernel_sort_fails_cleanly_over_the_memory_budget() {
         use datafusion::execution::memory_pool::GreedyMemoryPool;
@@ -435,14 +659,14 @@ mod tests {
         let top: Arc<dyn ExecutionPlan> =
             Arc::new(SortExec::new(ordering(&schema), source as _).with_fetch(Some(3)));
         assert_eq!(
-            use_kernel_sorts(full, 1, false).unwrap().name(),
+            use_kernel_sorts(full, &config(false)).unwrap().name(),
             "KernelSortExec"
         );
-        assert!(use_kernel_sorts(Arc::clone(&top), 1, false)
+        assert!(use_kernel_sorts(Arc::clone(&top), &config(false))
             .unwrap()
             .name()
             .starts_with("SortExec"));
-        let swapped = use_kernel_sorts(top, 1, true).unwrap();
+        let swapped = use_kernel_sorts(top, &config(true)).unwrap();
         assert_eq!(swapped.name(), "KernelSortExec");
         assert_eq!(swapped.fetch(), Some(3));
     }

@@ -113,6 +113,18 @@ pub fn render(state: &ServerState) -> String {
         "The device's memory budget (mem_bytes_max).",
         s.mem_bytes_max,
     );
+    metric(
+        "spilled_runs_total",
+        "counter",
+        "Sorted runs written to storage by sorts past the memory budget.",
+        s.spilled_runs,
+    );
+    metric(
+        "spilled_bytes_total",
+        "counter",
+        "Bytes of sorted runs written to storage by sorts past the memory budget.",
+        s.spilled_bytes,
+    );
     let _ = writeln!(
         out,
         "# HELP insitu_device_operator_seconds_total Compute time per operator."

@@ -141,6 +141,12 @@ pub struct StageStats {
     /// Compute time per operator name (DataFusion's `elapsed_compute`).
     #[serde(default)]
     pub operator_us: BTreeMap<String, u64>,
+    /// Sorted runs sorts wrote to storage because their input outgrew
+    /// the memory budget, and their bytes.
+    #[serde(default)]
+    pub spilled_runs: u64,
+    #[serde(default)]
+    pub spilled_bytes: u64,
 }
 
 impl StageStats {
@@ -150,6 +156,8 @@ impl StageStats {
         self.bytes_read += other.bytes_read;
         self.rows_out += other.rows_out;
         self.elapsed_us += other.elapsed_us;
+        self.spilled_runs += other.spilled_runs;
+        self.spilled_bytes += other.spilled_bytes;
         for (op, us) in &other.operator_us {
             *self.operator_us.entry(op.clone()).or_default() += us;
         }
@@ -182,6 +190,11 @@ pub struct DeviceStats {
     pub mem_bytes_max: u64,
     /// Compute time per operator name, summed over stages.
     pub operator_us: BTreeMap<String, u64>,
+    /// Sorted runs spilled to storage past the memory budget, and bytes.
+    #[serde(default)]
+    pub spilled_runs: u64,
+    #[serde(default)]
+    pub spilled_bytes: u64,
 }
 
 /// Body of [`action::READ_RANGE`]: bytes `start..end` of a partition file.

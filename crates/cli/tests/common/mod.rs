@@ -57,7 +57,16 @@ pub fn open_devices(root: &Path, budget: &DeviceBudget) -> Vec<Arc<Device>> {
 }
 
 pub async fn host(root: &Path, pushdown: Pushdown) -> InsituHost {
-    let devices = open_devices(root, &DeviceBudget::default());
+    host_with_budget(root, pushdown, &DeviceBudget::default()).await
+}
+
+/// A host over the devices under `root`, each opened with `budget`.
+pub async fn host_with_budget(
+    root: &Path,
+    pushdown: Pushdown,
+    budget: &DeviceBudget,
+) -> InsituHost {
+    let devices = open_devices(root, budget);
     InsituHost::new(
         embedded_clients(devices, LinkProfile::UNLIMITED),
         HostConfig {

@@ -1,0 +1,161 @@
+#!/usr/bin/env python3
+"""External sort benchmark: insitu extsort vs GNU sort vs DuckDB ORDER BY.
+
+All three sort the same ASCII TeraSort records (100-byte lines: a 10-byte
+key, payload, CRLF) with the same memory budget and 2 threads, spilling to
+the same temp directory; the input is 4x (or more) the budget. Beside them:
+the I/O floor max(2N/R, 2N/W), with the read and write bandwidth R and W
+that `insitu extsort` measures at the start of each of its runs, and the
+model's predicted phase times next to the measured ones (paper 001, Table
+IV style). Page cache is dropped before every run when this process may
+(root), so every engine reads its input from storage.
+
+Run through bench/extsort.sh, which builds insitu and the venv.
+"""
+import argparse
+import json
+import os
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+
+import duckdb
+
+
+def drop_caches() -> bool:
+    try:
+        os.sync()
+        with open("/proc/sys/vm/drop_caches", "w") as f:
+            f.write("3\n")
+        return True
+    except OSError:
+        return False
+
+
+def timed(cmd, **kw):
+    t = time.perf_counter()
+    done = subprocess.run(cmd, check=True, capture_output=True, text=True, **kw)
+    return time.perf_counter() - t, done.stdout
+
+
+def insitu_run(args, inp, out, tmp):
+    secs, text = timed([args.insitu, "extsort", inp, out, "--mem", f"{args.mem_mib}MiB", "--tmp", tmp])
+    m = re.search(r"measured: read (\d+) MB/s, write (\d+) MB/s", text)
+    read_mbs, write_mbs = float(m.group(1)), float(m.group(2))
+    phases = {}
+    for row in re.finditer(r"^\| (sort|merge)[^|]*\| ([\d.]+) \| ([\d.]+) \|$", text, re.M):
+        phases[row.group(1)] = (float(row.group(2)), float(row.group(3)))
+    plan = re.search(r"^plan: .*$", text, re.M).group(0)
+    memory = re.search(r"^memory: .*$", text, re.M).group(0)
+    return {
+        "secs": secs,
+        "read_mbs": read_mbs,
+        "write_mbs": write_mbs,
+        "phases": phases,
+        "plan": plan,
+        "memory": memory,
+    }
+
+
+def gnu_sort_run(args, inp, out, tmp):
+    env = dict(os.environ, LC_ALL="C")
+    cmd = ["sort", "-S", f"{args.mem_mib}M", "--parallel=2", "-T", tmp, "-o", out, inp]
+    secs, _ = timed(cmd, env=env)
+    return secs
+
+
+def duckdb_run(args, inp, out, tmp):
+    con = duckdb.connect()
+    con.execute(f"SET memory_limit = '{args.mem_mib}MiB'")
+    con.execute("SET threads = 2")
+    con.execute(f"SET temp_directory = '{tmp}'")
+    con.execute("SET preserve_insertion_order = false")
+    t = time.perf_counter()
+    con.execute(
+        f"COPY (SELECT line FROM read_csv('{inp}', columns = {{'line': 'VARCHAR'}}, "
+        f"header = false, delim = '\\t', quote = '', escape = '', auto_detect = false) "
+        f"ORDER BY line) TO '{out}' (FORMAT csv, header false, quote '')"
+    )
+    secs = time.perf_counter() - t
+    con.close()
+    return secs
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--insitu", required=True)
+    ap.add_argument("--input", required=True, help="ASCII records from `insitu gensort --ascii`")
+    ap.add_argument("--work", required=True, help="directory for outputs and temp runs")
+    ap.add_argument("--mem-mib", type=int, required=True)
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--out", required=True, help="JSON lines of every run")
+    args = ap.parse_args()
+    n = os.path.getsize(args.input)
+    tmp = os.path.join(args.work, "tmp")
+    out = os.path.join(args.work, "out")
+    engines = {"insitu extsort": insitu_run, "GNU sort": gnu_sort_run, "DuckDB": duckdb_run}
+    times = {e: [] for e in engines}
+    insitu_runs = []
+    dropped = True
+    with open(args.out, "w") as log:
+        for rep in range(args.runs):
+            for name, run in engines.items():
+                shutil.rmtree(tmp, ignore_errors=True)
+                os.makedirs(tmp)
+                if os.path.exists(out):
+                    os.remove(out)
+                dropped &= drop_caches()
+                result = run(args, args.input, out, tmp)
+                if name == "insitu extsort":
+                    insitu_runs.append(result)
+                    secs = result["secs"]
+                    if rep == 0:
+                        check = subprocess.run([args.insitu, "valsort", out], capture_output=True, text=True)
+                        if check.returncode != 0:
+                            print(check.stdout + check.stderr, file=sys.stderr)
+                            return 1
+                else:
+                    secs = result
+                times[name].append(secs)
+                log.write(json.dumps({"rep": rep, "engine": name, "secs": secs, "bytes": n}) + "\n")
+                log.flush()
+                print(f"  rep {rep}: {name} {secs:.2f} s", file=sys.stderr)
+    shutil.rmtree(tmp, ignore_errors=True)
+    if os.path.exists(out):
+        os.remove(out)
+
+    med = {e: statistics.median(t) for e, t in times.items()}
+    r = statistics.median(x["read_mbs"] for x in insitu_runs) * 1e6
+    w = statistics.median(x["write_mbs"] for x in insitu_runs) * 1e6
+    floor = max(2 * n / r, 2 * n / w)
+    print(f"# External sort: {n / 1e9:.2f} GB of 100-byte ASCII records, --mem {args.mem_mib} MiB "
+          f"({n / (args.mem_mib << 20):.1f}x), 2 threads, {args.runs} runs, medians")
+    print()
+    print(f"page cache dropped before each run: {'yes' if dropped else 'no (not root)'}")
+    print(f"storage measured by insitu at start: read R = {r / 1e6:.0f} MB/s, write W = {w / 1e6:.0f} MB/s")
+    print(f"insitu plan: {insitu_runs[0]['plan'][len('plan: '):]}")
+    print(f"insitu {insitu_runs[0]['memory']}")
+    print()
+    print("| engine | median (s) | MB/s | vs insitu | share of I/O floor speed |")
+    print("|---|---|---|---|---|")
+    ours = med["insitu extsort"]
+    print(f"| I/O floor max(2N/R, 2N/W) | {floor:.2f} | {n / floor / 1e6:.0f} | | 100% |")
+    for e, s in med.items():
+        print(f"| {e} | {s:.2f} | {n / s / 1e6:.0f} | {s / ours:.2f}x | {100 * floor / s:.0f}% |")
+    print()
+    print("Model vs measured, insitu (paper 001 Table IV style), medians:")
+    print()
+    print("| phase | predicted (s) | measured (s) |")
+    print("|---|---|---|")
+    for phase in ("sort", "merge"):
+        pred = statistics.median(x["phases"][phase][0] for x in insitu_runs)
+        meas = statistics.median(x["phases"][phase][1] for x in insitu_runs)
+        print(f"| {phase} | {pred:.2f} | {meas:.2f} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,220 @@
+//! `insitu gensort`, `insitu valsort`, `insitu extsort`: TeraSort records
+//! and the external merge sort (paper 001).
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use clap::Args;
+use indicatif::{ProgressBar, ProgressStyle};
+use insitu_extsort::io::{current_rss_bytes, peak_rss_bytes, return_freed_buffers};
+use insitu_extsort::{ExtsortOptions, GenOptions, Phase, Plan, KEY_BYTES, RECORD_BYTES};
+
+use crate::units::{human_bytes, parse_bytes};
+
+#[derive(Args, Debug)]
+pub struct GensortArgs {
+    /// Number of 100-byte records.
+    pub records: u64,
+    /// Output file (written to a temporary name, then renamed).
+    pub out: PathBuf,
+    /// Printable keys and a CRLF per record, as `gensort -a` writes.
+    #[arg(long)]
+    pub ascii: bool,
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Keys from a small skewed set: many duplicates.
+    #[arg(long)]
+    pub skew: bool,
+}
+
+#[derive(Args, Debug)]
+pub struct ValsortArgs {
+    pub file: PathBuf,
+    #[arg(long, default_value_t = RECORD_BYTES)]
+    pub record_size: usize,
+    #[arg(long, default_value_t = KEY_BYTES)]
+    pub key_size: usize,
+}
+
+#[derive(Args, Debug)]
+pub struct ExtsortArgs {
+    /// Input file of fixed-size records.
+    pub input: PathBuf,
+    /// Output file: IN's records in key order. Appears only when complete.
+    pub output: PathBuf,
+    #[arg(long, default_value_t = RECORD_BYTES)]
+    pub record_size: usize,
+    /// Key bytes at the start of each record, compared as unsigned bytes.
+    #[arg(long, default_value_t = KEY_BYTES)]
+    pub key_size: usize,
+    /// Memory budget for the sort's buffers (mem_bytes_max), e.g. 1GiB.
+    #[arg(long, default_value = "1GiB", value_parser = parse_bytes)]
+    pub mem: usize,
+    /// Directory for sorted runs (default: OUT's directory).
+    #[arg(long)]
+    pub tmp: Option<PathBuf>,
+    /// Threads for the in-memory sort.
+    #[arg(long, default_value_t = 2)]
+    pub threads: usize,
+    /// Print the plan (run size, fan-in, passes, predicted phase times)
+    /// and stop without sorting.
+    #[arg(long)]
+    pub explain: bool,
+}
+
+fn bar(total: u64, unit: &str, what: &str) -> ProgressBar {
+    let bar = ProgressBar::new(total);
+    let template = format!(
+        "{{msg:>10}} [{{elapsed_precise}}] {{wide_bar}} {{human_pos}}/{{human_len}} {unit} ({{per_sec}}, eta {{eta}})"
+    );
+    bar.set_style(ProgressStyle::with_template(&template).expect("progress template"));
+    bar.set_message(what.to_string());
+    bar
+}
+
+pub fn gensort(a: GensortArgs) -> Result<(), String> {
+    let bar = bar(a.records, "records", "gensort");
+    let options = GenOptions {
+        records: a.records,
+        ascii: a.ascii,
+        seed: a.seed,
+        skew: a.skew,
+    };
+    insitu_extsort::gensort(&a.out, &options, &|n| bar.inc(n)).map_err(|e| e.to_string())?;
+    bar.finish_and_clear();
+    eprintln!(
+        "wrote {} records ({}) to {}",
+        a.records,
+        human_bytes(a.records * RECORD_BYTES as u64),
+        a.out.display()
+    );
+    Ok(())
+}
+
+pub fn valsort(a: ValsortArgs) -> Result<(), String> {
+    let len = std::fs::metadata(&a.file)
+        .map_err(|e| format!("{}: {e}", a.file.display()))?
+        .len();
+    let bar = bar(len, "bytes", "valsort");
+    let v = insitu_extsort::valsort(&a.file, a.record_size, a.key_size, &|n| bar.inc(n))
+        .map_err(|e| e.to_string())?;
+    bar.finish_and_clear();
+    println!("Records: {}", v.records);
+    println!("Checksum: {:x}", v.checksum);
+    println!("Duplicate keys: {}", v.duplicate_keys);
+    match v.first_unordered {
+        None => {
+            println!("SUCCESS - all records are in order");
+            Ok(())
+        }
+        Some(first) => Err(format!(
+            "{}: {} records out of order, the first at record {first}",
+            a.file.display(),
+            v.unordered
+        )),
+    }
+}
+
+fn print_plan(p: &Plan) {
+    let mb = |bps: f64| format!("{:.0} MB/s", bps / 1e6);
+    let sort_at_m = p.rates.sort(p.run_bytes, p.record_size);
+    println!(
+        "input {} ({} records of {} bytes), memory budget {}",
+        human_bytes(p.input_bytes),
+        p.input_bytes / p.record_size,
+        p.record_size,
+        human_bytes(p.mem_bytes)
+    );
+    println!(
+        "measured: read {}, write {}, in-memory sort {} ({} sample; {} at M), 2-way merge {} ({} at l)",
+        mb(p.rates.read),
+        mb(p.rates.write),
+        mb(p.rates.sort),
+        human_bytes(p.rates.sort_sample_bytes),
+        mb(sort_at_m),
+        mb(p.rates.merge2),
+        mb(p.rates.merge(p.fan_in)),
+    );
+    println!(
+        "plan: runs of M = {} -> {} runs, fan-in l = {}, {} merge pass(es), merge blocks of {}",
+        human_bytes(p.run_bytes),
+        p.runs,
+        p.fan_in,
+        p.merge_passes,
+        human_bytes(p.merge_block_bytes)
+    );
+    println!(
+        "predicted: sort phase {:.2} s, merge phase {:.2} s, total {:.2} s (I/O floor {:.2} s)",
+        p.predicted_sort_secs,
+        p.predicted_merge_secs,
+        p.predicted_total_secs(),
+        p.io_floor_secs()
+    );
+}
+
+pub fn extsort(a: ExtsortArgs) -> Result<(), String> {
+    if a.input == a.output {
+        return Err("IN and OUT are the same file; sort into a new file".into());
+    }
+    let options = ExtsortOptions {
+        record_size: a.record_size,
+        key_size: a.key_size,
+        mem_bytes: a.mem as u64,
+        tmp_dir: a.tmp.clone(),
+        threads: a.threads.max(1),
+    };
+    return_freed_buffers();
+    let started = Instant::now();
+    let plan =
+        insitu_extsort::plan_sort(&a.input, &a.output, &options).map_err(|e| e.to_string())?;
+    print_plan(&plan);
+    if a.explain {
+        return Ok(());
+    }
+    let total = plan.input_bytes * (1 + u64::from(plan.merge_passes));
+    // What the process holds before the sort's buffers: the fixed part.
+    let rss_before = current_rss_bytes();
+    let bar = bar(total, "bytes", "sort");
+    let progress = |phase: Phase, n: u64| {
+        if let Phase::Merge(p) = phase {
+            bar.set_message(format!("merge {p}"));
+        }
+        bar.inc(n);
+    };
+    let measured = insitu_extsort::extsort(&a.input, &a.output, &options, &plan, &progress)
+        .map_err(|e| e.to_string())?;
+    bar.finish_and_clear();
+    let total_secs = started.elapsed().as_secs_f64();
+    println!("| phase | predicted (s) | measured (s) |");
+    println!("|---|---|---|");
+    println!(
+        "| sort ({} runs) | {:.2} | {:.2} |",
+        measured.runs_written, plan.predicted_sort_secs, measured.sort_secs
+    );
+    println!(
+        "| merge ({} pass(es)) | {:.2} | {:.2} |",
+        plan.merge_passes, plan.predicted_merge_secs, measured.merge_secs
+    );
+    println!(
+        "| total (with planning) | {:.2} | {:.2} |",
+        plan.predicted_total_secs(),
+        total_secs
+    );
+    println!(
+        "sorted {} into {} at {:.0} MB/s; I/O floor {:.2} s ({:.0}% of floor speed)",
+        human_bytes(plan.input_bytes),
+        a.output.display(),
+        plan.input_bytes as f64 / total_secs / 1e6,
+        plan.io_floor_secs(),
+        100.0 * plan.io_floor_secs() / total_secs,
+    );
+    let peak = peak_rss_bytes();
+    println!(
+        "memory: peak RSS {} = {} before sorting (fixed) + {} sort buffers (budget {})",
+        human_bytes(peak),
+        human_bytes(rss_before),
+        human_bytes(peak.saturating_sub(rss_before)),
+        human_bytes(plan.mem_bytes)
+    );
+    Ok(())
+}

@@ -1,0 +1,308 @@
+//! External merge sort from the command line: gensort/valsort round trips,
+//! 0 to 3 merge passes, skewed and all-equal keys, memory held within the
+//! budget, and the robustness cases (bad sizes, a full disk, a killed sort).
+
+mod common;
+
+use std::path::{Path, PathBuf};
+
+use common::insitu;
+
+fn arg(p: &Path) -> &str {
+    p.to_str().expect("utf-8 path")
+}
+
+/// `valsort FILE`: (in order, records, checksum, duplicate keys).
+fn valsort(file: &Path) -> (bool, u64, String, u64) {
+    let (ok, out, err) = insitu(&["valsort", arg(file)]);
+    let field = |name: &str| {
+        out.lines()
+            .find_map(|l| l.strip_prefix(name))
+            .unwrap_or_else(|| panic!("no '{name}' in:\n{out}\n{err}"))
+            .trim()
+            .to_string()
+    };
+    (
+        ok,
+        field("Records:").parse().expect("count"),
+        field("Checksum:"),
+        field("Duplicate keys:").parse().expect("count"),
+    )
+}
+
+fn gensort(n: u64, out: &Path, extra: &[&str]) {
+    let n = n.to_string();
+    let mut args = vec!["gensort", &n, arg(out)];
+    args.extend_from_slice(extra);
+    let (ok, _, err) = insitu(&args);
+    assert!(ok, "gensort: {err}");
+}
+
+/// Runs `extsort IN OUT --mem MEM`; returns (ok, stdout, stderr).
+fn extsort(input: &Path, output: &Path, mem: &str, extra: &[&str]) -> (bool, String, String) {
+    let mut args = vec!["extsort", arg(input), arg(output), "--mem", mem];
+    args.extend_from_slice(extra);
+    insitu(&args)
+}
+
+fn merge_passes(plan: &str) -> u32 {
+    let line = plan
+        .lines()
+        .find(|l| l.starts_with("plan:"))
+        .expect("plan line");
+    let before = line.split(" merge pass").next().expect("passes");
+    before
+        .rsplit(' ')
+        .next()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("passes in {line}"))
+}
+
+#[test]
+fn sorts_with_zero_to_three_merge_passes_keeping_every_record() {
+    let dir = tempfile::tempdir().unwrap();
+    // With 2 MiB: fan-in 3, runs of about 650 KB.
+    for (records, passes) in [(4_000u64, 0u32), (10_000, 1), (40_000, 2), (120_000, 3)] {
+        let input = dir.path().join(format!("in-{records}"));
+        let output = dir.path().join(format!("out-{records}"));
+        gensort(records, &input, &["--seed", &records.to_string()]);
+        let (sorted, n, checksum, _) = valsort(&input);
+        assert!(!sorted && n == records);
+        let (ok, out, err) = extsort(&input, &output, "2MiB", &[]);
+        assert!(ok, "{out}\n{err}");
+        assert_eq!(merge_passes(&out), passes, "{records} records:\n{out}");
+        assert!(
+            out.contains("| merge (") && out.contains("predicted"),
+            "{out}"
+        );
+        let (sorted, n, sum, _) = valsort(&output);
+        assert!(sorted, "{records} records: output out of order");
+        assert_eq!((n, sum), (records, checksum), "same multiset of records");
+    }
+    let leftovers: Vec<_> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with('.'))
+        .collect();
+    assert!(leftovers.is_empty(), "temporary files left: {leftovers:?}");
+}
+
+#[test]
+fn sorts_skewed_ascii_and_all_equal_keys() {
+    let dir = tempfile::tempdir().unwrap();
+    let skewed = dir.path().join("skewed");
+    gensort(50_000, &skewed, &["--skew", "--ascii"]);
+    let (_, _, checksum, _) = valsort(&skewed);
+    let out = dir.path().join("skewed.sorted");
+    let (ok, o, err) = extsort(&skewed, &out, "2MiB", &[]);
+    assert!(ok, "{o}{err}");
+    let (sorted, n, sum, dups) = valsort(&out);
+    assert!(sorted && n == 50_000 && sum == checksum);
+    assert!(dups > 45_000, "skewed keys repeat: {dups} duplicates");
+    // Every record with the same key, different payloads.
+    let mut bytes = std::fs::read(&skewed).unwrap();
+    for r in bytes.chunks_exact_mut(100) {
+        r[..10].copy_from_slice(b"samesame!!");
+    }
+    let equal = dir.path().join("equal");
+    std::fs::write(&equal, &bytes).unwrap();
+    let (_, _, checksum, _) = valsort(&equal);
+    let out = dir.path().join("equal.sorted");
+    let (ok, o, err) = extsort(&equal, &out, "2MiB", &[]);
+    assert!(ok, "{o}{err}");
+    let (sorted, n, sum, dups) = valsort(&out);
+    assert!(sorted && n == 50_000 && sum == checksum && dups == 49_999);
+    // All keys equal and the merge is stable: the records keep input order.
+    assert_eq!(std::fs::read(&out).unwrap(), bytes);
+}
+
+#[test]
+fn holds_memory_within_the_budget_plus_a_fixed_overhead() {
+    let dir = tempfile::tempdir().unwrap();
+    let input = dir.path().join("in");
+    gensort(400_000, &input, &[]); // 40 MB, 5x the budget
+    let (ok, out, err) = extsort(&input, &dir.path().join("out"), "8MiB", &[]);
+    assert!(ok, "{out}{err}");
+    let line = out
+        .lines()
+        .find(|l| l.starts_with("memory:"))
+        .expect("memory line");
+    // "memory: peak RSS A MiB = B MiB before sorting (fixed) + C MiB sort buffers (budget 8.00 MiB)"
+    let mib_before = |marker: &str| -> f64 {
+        let head = line
+            .split(marker)
+            .next()
+            .unwrap_or_else(|| panic!("{line}"));
+        let head = head.trim_end().trim_end_matches("MiB").trim_end();
+        head.rsplit(' ')
+            .next()
+            .unwrap()
+            .parse()
+            .unwrap_or_else(|_| panic!("{line}"))
+    };
+    let fixed = mib_before("before sorting");
+    let buffers = mib_before("sort buffers");
+    // The sort's own memory stays within the 8 MiB budget (1 MiB of
+    // slack: the reader and writer threads' stacks).
+    assert!(buffers <= 9.0, "sort buffers {buffers} MiB: {line}");
+    assert!(fixed < 64.0, "fixed part {fixed} MiB: {line}");
+}
+
+#[test]
+fn rejects_partial_records_tiny_budgets_and_same_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let bad = dir.path().join("bad");
+    std::fs::write(&bad, vec![7u8; 1050]).unwrap();
+    let out = dir.path().join("out");
+    let (ok, _, err) = extsort(&bad, &out, "64MiB", &[]);
+    assert!(
+        !ok && err.contains("1050 bytes is not a whole number of 100-byte records"),
+        "{err}"
+    );
+    let input = dir.path().join("in");
+    gensort(1000, &input, &[]);
+    let (ok, _, err) = extsort(&input, &out, "1MiB", &[]);
+    assert!(
+        !ok && err.contains("too small") && err.contains("1572864"),
+        "{err}"
+    );
+    let (ok, _, err) = extsort(&input, &input, "64MiB", &[]);
+    assert!(!ok && err.contains("same file"), "{err}");
+    let (ok, _, err) = insitu(&["extsort", arg(&input), arg(&out), "--key-size", "101"]);
+    assert!(!ok && err.contains("--key-size 101"), "{err}");
+    assert!(!out.exists());
+    let (ok, out, _) = insitu(&["valsort", arg(&bad)]);
+    assert!(!ok && out.is_empty());
+}
+
+/// A small tmpfs for the runs: the disk fills up mid-sort.
+struct Tmpfs(PathBuf);
+
+impl Tmpfs {
+    fn mount(at: PathBuf, size: &str) -> Self {
+        std::fs::create_dir_all(&at).unwrap();
+        let status = std::process::Command::new("mount")
+            .args([
+                "-t",
+                "tmpfs",
+                "-o",
+                &format!("size={size}"),
+                "tmpfs",
+                arg(&at),
+            ])
+            .status()
+            .expect("run mount");
+        assert!(
+            status.success(),
+            "this test mounts a small tmpfs and needs root"
+        );
+        Self(at)
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount").arg(&self.0).status();
+    }
+}
+
+#[test]
+fn a_full_disk_is_a_clean_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let input = dir.path().join("in");
+    gensort(40_000, &input, &[]); // 4 MB of runs into 1 MB
+    let tmp = Tmpfs::mount(dir.path().join("small"), "1m");
+    let out = dir.path().join("out");
+    let (ok, o, err) = extsort(&input, &out, "2MiB", &["--tmp", arg(&tmp.0)]);
+    assert!(!ok, "{o}");
+    assert!(err.contains("No space left on device"), "{err}");
+    assert!(err.contains(arg(&tmp.0)), "the error names the file: {err}");
+    assert_eq!(
+        std::fs::read_dir(&tmp.0).unwrap().count(),
+        0,
+        "runs removed"
+    );
+    assert!(!out.exists());
+    let names: Vec<_> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert!(names.iter().all(|n| !n.contains("insitu-tmp")), "{names:?}");
+}
+
+#[test]
+fn a_killed_sort_leaves_no_output_and_the_next_run_cleans_up() {
+    let dir = tempfile::tempdir().unwrap();
+    let input = dir.path().join("in");
+    gensort(300_000, &input, &[]); // 30 MB with 2 MiB: many runs
+    let out = dir.path().join("out");
+    let tmp = dir.path().join("runs");
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_insitu"))
+        .args([
+            "extsort",
+            arg(&input),
+            arg(&out),
+            "--mem",
+            "2MiB",
+            "--tmp",
+            arg(&tmp),
+        ])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("start extsort");
+    let runs_started = || {
+        std::fs::read_dir(&tmp).ok().is_some_and(|d| {
+            d.flatten().any(|e| {
+                e.path().is_dir() && std::fs::read_dir(e.path()).map(|r| r.count()).unwrap_or(0) > 2
+            })
+        })
+    };
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while !runs_started() {
+        assert!(std::time::Instant::now() < deadline, "no runs appeared");
+        assert!(
+            child.try_wait().unwrap().is_none(),
+            "finished before it could be killed"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    child.kill().unwrap();
+    child.wait().unwrap();
+    assert!(!out.exists(), "no output from a killed sort");
+    assert_eq!(
+        std::fs::read_dir(&tmp).unwrap().count(),
+        1,
+        "the dead sort's runs remain"
+    );
+    let (ok, o, err) = extsort(&input, &out, "8MiB", &["--tmp", arg(&tmp)]);
+    assert!(ok, "{o}{err}");
+    assert_eq!(
+        std::fs::read_dir(&tmp).unwrap().count(),
+        0,
+        "stale runs cleaned"
+    );
+    assert!(valsort(&out).0);
+    let leftovers: Vec<_> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.contains("insitu-tmp"))
+        .collect();
+    assert!(leftovers.is_empty(), "{leftovers:?}");
+}
+
+#[test]
+fn explain_plans_without_sorting() {
+    let dir = tempfile::tempdir().unwrap();
+    let input = dir.path().join("in");
+    gensort(20_000, &input, &[]);
+    let out = dir.path().join("out");
+    let (ok, o, err) = extsort(&input, &out, "2MiB", &["--explain"]);
+    assert!(ok, "{err}");
+    assert!(
+        o.contains("plan: runs of M") && o.contains("predicted: sort phase"),
+        "{o}"
+    );
+    assert!(o.contains("measured: read"), "{o}");
+    assert!(!out.exists());
+}

@@ -1,0 +1,474 @@
+//! I/O of the external sort: files that appear only when complete, run
+//! directories that a crash cannot leave behind for long, reader and
+//! writer threads that overlap storage with compute (double buffering),
+//! and the bandwidth probe the model starts from.
+
+use std::fs::{self, File, OpenOptions};
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
+use std::thread::JoinHandle;
+use std::time::Instant;
+
+use crate::{ExtsortError, Result};
+
+pub(crate) fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> ExtsortError + '_ {
+    move |source| ExtsortError::Io {
+        path: path.display().to_string(),
+        source,
+    }
+}
+
+/// Prefix of temporary names: `.NAME.insitu-tmp-PID` next to the output,
+/// `.insitu-extsort-PID-N` for run directories.
+const TMP_MARK: &str = ".insitu-tmp-";
+const RUN_DIR_PREFIX: &str = ".insitu-extsort-";
+const PROBE_PREFIX: &str = ".insitu-probe-";
+
+/// A file written under a temporary name in its final directory, fsynced
+/// and renamed into place by [`AtomicFile::commit`]; dropped earlier, it
+/// is removed.
+pub struct AtomicFile {
+    file: Option<File>,
+    tmp: PathBuf,
+    path: PathBuf,
+}
+
+impl AtomicFile {
+    pub fn create(path: &Path) -> Result<Self> {
+        let dir = parent_dir(path);
+        let name = path
+            .file_name()
+            .ok_or_else(|| ExtsortError::Invalid(format!("{} is not a file name", path.display())))?
+            .to_string_lossy()
+            .into_owned();
+        remove_stale(&dir, |n| {
+            n.strip_prefix(&format!(".{name}{TMP_MARK}"))
+                .and_then(|pid| pid.parse().ok())
+        });
+        let tmp = dir.join(format!(".{name}{TMP_MARK}{}", std::process::id()));
+        let file = File::create(&tmp).map_err(io_err(&tmp))?;
+        Ok(Self {
+            file: Some(file),
+            tmp,
+            path: path.to_path_buf(),
+        })
+    }
+
+    pub fn tmp_path(&self) -> &Path {
+        &self.tmp
+    }
+
+    pub fn file(&mut self) -> &mut File {
+        self.file.as_mut().expect("not committed")
+    }
+
+    pub fn write_all(&mut self, bytes: &[u8]) -> Result<()> {
+        let tmp = self.tmp.clone();
+        self.file().write_all(bytes).map_err(io_err(&tmp))
+    }
+
+    /// Makes the file durable under its final name.
+    pub fn commit(mut self) -> Result<()> {
+        let file = self.file.take().expect("commit once");
+        file.sync_all().map_err(io_err(&self.tmp))?;
+        drop(file);
+        fs::rename(&self.tmp, &self.path).map_err(io_err(&self.path))?;
+        let dir = parent_dir(&self.path);
+        File::open(&dir)
+            .and_then(|d| d.sync_all())
+            .map_err(io_err(&dir))
+    }
+}
+
+impl Drop for AtomicFile {
+    fn drop(&mut self) {
+        if self.file.is_some() {
+            let _ = fs::remove_file(&self.tmp);
+        }
+    }
+}
+
+fn parent_dir(path: &Path) -> PathBuf {
+    match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+        _ => PathBuf::from("."),
+    }
+}
+
+fn process_alive(pid: u32) -> bool {
+    Path::new(&format!("/proc/{pid}")).exists()
+}
+
+/// Removes entries of `dir` that `owner` names as left by a process that
+/// no longer runs.
+fn remove_stale(dir: &Path, owner: impl Fn(&str) -> Option<u32>) {
+    let Ok(entries) = fs::read_dir(dir) else {
+        return;
+    };
+    for e in entries.flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        if let Some(pid) = owner(&name) {
+            if pid != std::process::id() && !process_alive(pid) {
+                tracing::info!(path = %e.path().display(), "removing stale temporary file");
+                let _ = fs::remove_dir_all(e.path()).or_else(|_| fs::remove_file(e.path()));
+            }
+        }
+    }
+}
+
+/// A directory of sorted runs, removed with everything in it on drop.
+pub struct RunDir {
+    path: PathBuf,
+    next: u64,
+}
+
+impl RunDir {
+    /// Creates a fresh run directory under `tmp`, first removing run
+    /// directories of sorts that died.
+    pub fn create(tmp: &Path) -> Result<Self> {
+        fs::create_dir_all(tmp).map_err(io_err(tmp))?;
+        remove_stale(tmp, |n| {
+            n.strip_prefix(RUN_DIR_PREFIX)
+                .and_then(|rest| rest.split('-').next())
+                .and_then(|pid| pid.parse().ok())
+        });
+        let nonce = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or(0);
+        let path = tmp.join(format!("{RUN_DIR_PREFIX}{}-{nonce}", std::process::id()));
+        fs::create_dir(&path).map_err(io_err(&path))?;
+        Ok(Self { path, next: 0 })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// A new run's path.
+    pub fn next_run(&mut self) -> PathBuf {
+        self.next += 1;
+        self.path.join(format!("run-{:06}", self.next))
+    }
+}
+
+impl Drop for RunDir {
+    fn drop(&mut self) {
+        let _ = fs::remove_dir_all(&self.path);
+    }
+}
+
+/// A thread reading `len` bytes of `file` from `offset` in blocks of
+/// `block` bytes (the last may be shorter), one block ahead of the
+/// consumer: two buffers in all, recycled.
+pub struct BlockReader {
+    blocks: Option<Receiver<Result<Vec<u8>>>>,
+    recycle: Option<SyncSender<Vec<u8>>>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl BlockReader {
+    pub fn spawn(path: &Path, offset: u64, len: u64, block: usize) -> Result<Self> {
+        use std::io::{Seek, SeekFrom};
+        let mut file = File::open(path).map_err(io_err(path))?;
+        file.seek(SeekFrom::Start(offset)).map_err(io_err(path))?;
+        let (tx, blocks) = sync_channel::<Result<Vec<u8>>>(0);
+        let (recycle, spare) = sync_channel::<Vec<u8>>(2);
+        let path = path.to_path_buf();
+        let thread = std::thread::Builder::new()
+            .name("insitu-read".into())
+            .spawn(move || {
+                let mut left = len;
+                let mut fresh = 2; // buffers this reader may allocate
+                while left > 0 {
+                    let mut buf = match spare.try_recv() {
+                        Ok(b) => b,
+                        Err(_) if fresh > 0 => {
+                            fresh -= 1;
+                            Vec::with_capacity(block)
+                        }
+                        Err(_) => match spare.recv() {
+                            Ok(b) => b,
+                            Err(_) => return, // consumer gone
+                        },
+                    };
+                    let n = (block as u64).min(left) as usize;
+                    buf.resize(n, 0);
+                    let read = file.read_exact(&mut buf).map_err(io_err(&path));
+                    left -= n as u64;
+                    let failed = read.is_err();
+                    if tx.send(read.map(|()| buf)).is_err() || failed {
+                        return;
+                    }
+                }
+            })
+            .map_err(|e| ExtsortError::Invalid(format!("cannot start a reader thread: {e}")))?;
+        Ok(Self {
+            blocks: Some(blocks),
+            recycle: Some(recycle),
+            thread: Some(thread),
+        })
+    }
+
+    /// The next block, or `None` at the end.
+    pub fn next_block(&mut self) -> Result<Option<Vec<u8>>> {
+        match self.blocks.as_ref().expect("open").recv() {
+            Ok(b) => b.map(Some),
+            Err(_) => Ok(None),
+        }
+    }
+
+    /// Hands a consumed block back for reuse.
+    pub fn recycle(&self, buf: Vec<u8>) {
+        let _ = self.recycle.as_ref().expect("open").try_send(buf);
+    }
+}
+
+impl Drop for BlockReader {
+    fn drop(&mut self) {
+        // Unblock the thread (it waits to send or for a spare buffer):
+        // close both channels, then wait for it.
+        self.blocks = None;
+        self.recycle = None;
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// A thread writing blocks to a file as they come, one block behind the
+/// producer; blocks come back through [`BlockWriter::spare`] for reuse.
+pub struct BlockWriter {
+    blocks: Option<SyncSender<Vec<u8>>>,
+    spare: Receiver<Vec<u8>>,
+    thread: Option<JoinHandle<Result<File>>>,
+    fresh: usize,
+    block: usize,
+}
+
+impl BlockWriter {
+    pub fn spawn(file: File, path: &Path, block: usize) -> Result<Self> {
+        let (blocks, rx) = sync_channel::<Vec<u8>>(0);
+        let (back, spare) = sync_channel::<Vec<u8>>(2);
+        let path = path.to_path_buf();
+        let thread = std::thread::Builder::new()
+            .name("insitu-write".into())
+            .spawn(move || {
+                let mut file = file;
+                for mut buf in rx {
+                    file.write_all(&buf).map_err(io_err(&path))?;
+                    buf.clear();
+                    let _ = back.try_send(buf);
+                }
+                Ok(file)
+            })
+            .map_err(|e| ExtsortError::Invalid(format!("cannot start a writer thread: {e}")))?;
+        Ok(Self {
+            blocks: Some(blocks),
+            spare,
+            thread: Some(thread),
+            fresh: 2,
+            block,
+        })
+    }
+
+    /// An empty buffer to fill (two in all between this side and the thread).
+    pub fn buffer(&mut self) -> Result<Vec<u8>> {
+        if let Ok(b) = self.spare.try_recv() {
+            return Ok(b);
+        }
+        if self.fresh > 0 {
+            self.fresh -= 1;
+            return Ok(Vec::with_capacity(self.block));
+        }
+        match self.spare.recv() {
+            Ok(b) => Ok(b),
+            Err(_) => Err(self.fail()),
+        }
+    }
+
+    /// Queues a full buffer for writing.
+    pub fn write(&mut self, buf: Vec<u8>) -> Result<()> {
+        let sent = self.blocks.as_ref().expect("open").send(buf);
+        sent.map_err(|_| self.fail())
+    }
+
+    /// The writer thread's error (it stopped early).
+    fn fail(&mut self) -> ExtsortError {
+        self.blocks = None;
+        match self.thread.take().map(|t| t.join()) {
+            Some(Ok(Err(e))) => e,
+            _ => ExtsortError::Invalid("the writer thread stopped".into()),
+        }
+    }
+
+    /// Waits for every queued block; returns the file.
+    pub fn finish(mut self) -> Result<File> {
+        self.blocks = None;
+        match self.thread.take().expect("finish once").join() {
+            Ok(r) => r,
+            Err(_) => Err(ExtsortError::Invalid("the writer thread panicked".into())),
+        }
+    }
+}
+
+impl Drop for BlockWriter {
+    fn drop(&mut self) {
+        self.blocks = None;
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// Sequential read and write bandwidth of the storage under `dir`, in
+/// bytes per second: `bytes` written in 1 MiB requests and fsynced, then
+/// dropped from the page cache and read back.
+pub fn measure_bandwidth(dir: &Path, bytes: u64) -> Result<(f64, f64)> {
+    const REQUEST: usize = 1 << 20;
+    remove_stale(dir, |n| {
+        n.strip_prefix(PROBE_PREFIX).and_then(|p| p.parse().ok())
+    });
+    let path = dir.join(format!("{PROBE_PREFIX}{}", std::process::id()));
+    let _cleanup = RemoveOnDrop(path.clone());
+    let buf: Vec<u8> = (0..REQUEST).map(|i| (i * 7 % 251) as u8).collect();
+    let mut file = OpenOptions::new()
+        .create(true)
+        .truncate(true)
+        .write(true)
+        .read(true)
+        .open(&path)
+        .map_err(io_err(&path))?;
+    let requests = bytes.div_ceil(REQUEST as u64).max(1);
+    let start = Instant::now();
+    for _ in 0..requests {
+        file.write_all(&buf).map_err(io_err(&path))?;
+    }
+    file.sync_all().map_err(io_err(&path))?;
+    let write_bps = (requests * REQUEST as u64) as f64 / start.elapsed().as_secs_f64();
+    drop_cache(&file);
+    let mut file = File::open(&path).map_err(io_err(&path))?;
+    let mut rbuf = vec![0u8; REQUEST];
+    let start = Instant::now();
+    for _ in 0..requests {
+        file.read_exact(&mut rbuf).map_err(io_err(&path))?;
+    }
+    let read_bps = (requests * REQUEST as u64) as f64 / start.elapsed().as_secs_f64();
+    Ok((read_bps, write_bps))
+}
+
+/// Asks the kernel to drop `file`'s clean pages from the page cache.
+pub fn drop_cache(file: &File) {
+    #[cfg(target_os = "linux")]
+    {
+        use std::os::fd::AsRawFd;
+        // SAFETY: advice on an open descriptor; it changes no data.
+        unsafe {
+            libc::posix_fadvise(file.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED);
+        }
+    }
+    #[cfg(not(target_os = "linux"))]
+    let _ = file;
+}
+
+struct RemoveOnDrop(PathBuf);
+
+impl Drop for RemoveOnDrop {
+    fn drop(&mut self) {
+        let _ = fs::remove_file(&self.0);
+    }
+}
+
+/// Makes large buffers go back to the OS when freed. glibc raises its
+/// mmap threshold after big frees and then keeps freed buffers in its
+/// heap, so a sort phase's buffers would stay resident through the merge
+/// phase and the process would hold more than the budget.
+pub fn return_freed_buffers() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: mallopt only sets an allocator parameter.
+    unsafe {
+        libc::mallopt(libc::M_MMAP_THRESHOLD, 128 << 10);
+    }
+}
+
+/// Resident memory of this process now, in bytes (0 if unknown).
+pub fn current_rss_bytes() -> u64 {
+    let Ok(statm) = std::fs::read_to_string("/proc/self/statm") else {
+        return 0;
+    };
+    // SAFETY: sysconf only reads a configuration value.
+    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) }.max(0) as u64;
+    statm
+        .split_whitespace()
+        .nth(1)
+        .and_then(|p| p.parse::<u64>().ok())
+        .map_or(0, |pages| pages * page)
+}
+
+/// Peak resident memory of this process so far, in bytes.
+pub fn peak_rss_bytes() -> u64 {
+    // SAFETY: getrusage fills the struct we pass; zeroed is a valid start.
+    unsafe {
+        let mut usage: libc::rusage = std::mem::zeroed();
+        if libc::getrusage(libc::RUSAGE_SELF, &mut usage) == 0 {
+            return usage.ru_maxrss as u64 * 1024;
+        }
+    }
+    0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn atomic_file_appears_only_on_commit_and_stale_temps_go() {
+        let dir = tempfile::tempdir().unwrap();
+        let out = dir.path().join("out");
+        // A temp file of a process that no longer exists (pid 0 never runs
+        // user code; /proc/0 does not exist).
+        let stale = dir.path().join(format!(".out{TMP_MARK}999999999"));
+        fs::write(&stale, b"x").unwrap();
+        let mut f = AtomicFile::create(&out).unwrap();
+        assert!(!stale.exists(), "stale temp removed");
+        f.write_all(b"hello").unwrap();
+        assert!(!out.exists());
+        drop(f);
+        assert_eq!(
+            fs::read_dir(dir.path()).unwrap().count(),
+            0,
+            "abandoned temp removed"
+        );
+        let mut f = AtomicFile::create(&out).unwrap();
+        f.write_all(b"hello").unwrap();
+        f.commit().unwrap();
+        assert_eq!(fs::read(&out).unwrap(), b"hello");
+    }
+
+    #[test]
+    fn reader_and_writer_threads_move_every_byte() {
+        let dir = tempfile::tempdir().unwrap();
+        let src = dir.path().join("src");
+        let data: Vec<u8> = (0..1_000_003u32).map(|i| (i % 253) as u8).collect();
+        fs::write(&src, &data).unwrap();
+        let dst = dir.path().join("dst");
+        let mut w = BlockWriter::spawn(File::create(&dst).unwrap(), &dst, 4096).unwrap();
+        let mut r = BlockReader::spawn(&src, 3, data.len() as u64 - 3, 4096).unwrap();
+        while let Some(block) = r.next_block().unwrap() {
+            let mut out = w.buffer().unwrap();
+            out.extend_from_slice(&block);
+            r.recycle(block);
+            w.write(out).unwrap();
+        }
+        w.finish().unwrap();
+        assert_eq!(fs::read(&dst).unwrap(), &data[3..]);
+        let (r, w) = measure_bandwidth(dir.path(), 8 << 20).unwrap();
+        assert!(r > 0.0 && w > 0.0);
+        assert_eq!(
+            fs::read_dir(dir.path()).unwrap().count(),
+            2,
+            "probe file removed"
+        );
+    }
+}

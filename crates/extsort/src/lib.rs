@@ -1,0 +1,41 @@
+//! External merge sort for data larger than memory (paper 001, FANS), and
+//! the TeraSort record tools around it.
+//!
+//! | module | what |
+//! |---|---|
+//! | [`record`] | `gensort` (TeraSort records, binary or ASCII, skewed keys) and `valsort` (order, duplicates, CRC32-sum checksum) |
+//! | [`model`] | paper 001's model: run size M, fan-in l, predicted phase times |
+//! | [`loser`] | the loser tree behind every k-way merge |
+//! | [`sort`] | the two-phase sort: radix-sorted runs, then loser-tree merge passes, with reader and writer threads overlapping I/O |
+//!
+//! Limits: `mem_bytes_max` (the `--mem` budget for buffers),
+//! `merge_block_bytes_min` ([`model::MERGE_BLOCK_BYTES_MIN`]),
+//! `probe_bytes` ([`sort::PROBE_BYTES_MAX`]).
+
+pub mod io;
+pub mod loser;
+pub mod model;
+pub mod record;
+pub mod sort;
+
+pub use model::{Plan, Rates};
+pub use record::{gensort, valsort, GenOptions, Validation, KEY_BYTES, RECORD_BYTES};
+pub use sort::{extsort, plan_sort, ExtsortOptions, Measured, Phase};
+
+/// Errors of the external sort and the record tools; each names the file
+/// or the limit involved.
+#[derive(Debug, thiserror::Error)]
+pub enum ExtsortError {
+    #[error("{path}: {source}")]
+    Io {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{path}: {message}")]
+    Input { path: String, message: String },
+    #[error("{0}")]
+    Invalid(String),
+}
+
+pub type Result<T> = std::result::Result<T, ExtsortError>;

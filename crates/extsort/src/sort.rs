@@ -1,0 +1,369 @@
+//! The two-phase external merge sort of fixed-size records (paper 001).
+//!
+//! ```text
+//!  sort phase   reader thread ──M bytes──▶ key sort (radix) + gather ──4 MiB blocks──▶ writer thread ─▶ run file
+//!               (double-buffered: the next chunk is read while this one sorts)
+//!  merge phase  ⌈log_l(runs)⌉ passes; each merges groups of ≤ l runs through a
+//!               loser tree: per run a reader thread one block ahead, one writer
+//!               thread one block behind; the last pass writes OUT
+//! ```
+//!
+//! OUT is written under a temporary name and renamed when complete; runs
+//! live in a directory of their own that is removed on any exit and, if the
+//! process dies, by the next run. Memory: the plan's buffers, all within
+//! `mem` ([`crate::model`] says how they are sized).
+
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use insitu_kernels::gather_rows;
+use insitu_kernels::radix::sort_pairs;
+
+use crate::io::{io_err, measure_bandwidth, AtomicFile, BlockReader, BlockWriter, RunDir};
+use crate::loser::{LoserTree, MergeCursor};
+use crate::model::{plan, Plan, Rates};
+use crate::record::{check_shape, check_whole_records};
+use crate::{ExtsortError, Result};
+
+/// Bytes written and read to measure the storage at start (`probe_bytes`).
+pub const PROBE_BYTES_MAX: u64 = 256 << 20;
+
+/// What to sort and with what.
+#[derive(Debug, Clone)]
+pub struct ExtsortOptions {
+    pub record_size: usize,
+    pub key_size: usize,
+    /// Memory budget for buffers (`mem_bytes_max`).
+    pub mem_bytes: u64,
+    /// Where runs go (default: OUT's directory).
+    pub tmp_dir: Option<PathBuf>,
+    pub threads: usize,
+}
+
+/// Which phase a progress report is about.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Phase {
+    Sort,
+    /// Merge pass `n` (1-based); the last one writes OUT.
+    Merge(u32),
+}
+
+/// Seconds each phase took.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Measured {
+    pub sort_secs: f64,
+    pub merge_secs: f64,
+    pub runs_written: u64,
+    pub bytes_written: u64,
+}
+
+/// Measures the storage and this machine's sort and merge rates, and plans.
+pub fn plan_sort(input: &Path, output: &Path, options: &ExtsortOptions) -> Result<Plan> {
+    check_shape(options.record_size, options.key_size)?;
+    let len = std::fs::metadata(input).map_err(io_err(input))?.len();
+    check_whole_records(input, len, options.record_size)?;
+    let tmp = tmp_dir(output, options);
+    std::fs::create_dir_all(&tmp).map_err(io_err(&tmp))?;
+    let probe = len.clamp(16 << 20, PROBE_BYTES_MAX);
+    let (read, write) = measure_bandwidth(&tmp, probe)?;
+    let sample = (options.mem_bytes / 4).min(8 << 20);
+    let (sort, merge2) = measure_cpu(options, sample);
+    plan(
+        len,
+        options.record_size as u64,
+        options.mem_bytes,
+        Rates {
+            read,
+            write,
+            sort,
+            sort_sample_bytes: sample,
+            merge2,
+        },
+    )
+}
+
+fn tmp_dir(output: &Path, options: &ExtsortOptions) -> PathBuf {
+    options
+        .tmp_dir
+        .clone()
+        .unwrap_or_else(|| match output.parent() {
+            Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+            _ => PathBuf::from("."),
+        })
+}
+
+/// Sort and merge rates of this machine on `bytes` of synthetic records.
+fn measure_cpu(options: &ExtsortOptions, bytes: u64) -> (f64, f64) {
+    let r = options.record_size;
+    let n = (bytes as usize / r).max(2);
+    let mut x = 0x2545_F491_4F6C_DD1Du64;
+    let mut data = vec![0u8; n * r];
+    for rec in data.chunks_exact_mut(r) {
+        for b in rec[..options.key_size].iter_mut() {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            *b = x as u8;
+        }
+    }
+    let start = Instant::now();
+    let sorted = sort_chunk(&data, r, options.key_size, options.threads);
+    let mut out = Vec::with_capacity(data.len());
+    gather_rows(&data, r, &sorted, &mut out);
+    let sort = data.len() as f64 / start.elapsed().as_secs_f64();
+    // A 2-way merge of the two sorted halves.
+    let half = n / 2 * r;
+    let (a, b) = out.split_at(half);
+    let start = Instant::now();
+    let merged = merge_slices(a, b, r, options.key_size);
+    let merge2 = merged as f64 / start.elapsed().as_secs_f64();
+    (sort, merge2)
+}
+
+fn merge_slices(a: &[u8], b: &[u8], r: usize, k: usize) -> usize {
+    let mut out = Vec::with_capacity(a.len() + b.len());
+    let (mut i, mut j) = (0, 0);
+    while i < a.len() && j < b.len() {
+        if b[j..j + k] < a[i..i + k] {
+            out.extend_from_slice(&b[j..j + r]);
+            j += r;
+        } else {
+            out.extend_from_slice(&a[i..i + r]);
+            i += r;
+        }
+    }
+    out.extend_from_slice(&a[i..]);
+    out.extend_from_slice(&b[j..]);
+    std::hint::black_box(&out);
+    out.len()
+}
+
+/// The record order of `chunk` by key: radix on the first 16 key bytes
+/// (all of a TeraSort key), then comparison among equal prefixes if the
+/// key is longer. Stable.
+pub fn sort_chunk(chunk: &[u8], r: usize, k: usize, threads: usize) -> Vec<u32> {
+    assert!(chunk.len().is_multiple_of(r), "whole records");
+    let n = chunk.len() / r;
+    let prefix = k.min(16);
+    let keys: Vec<u128> = chunk
+        .chunks_exact(r)
+        .map(|rec| {
+            let mut key = [0u8; 16];
+            key[16 - prefix..].copy_from_slice(&rec[..prefix]);
+            u128::from_be_bytes(key)
+        })
+        .collect();
+    let mut idx: Vec<u32> = (0..n as u32).collect();
+    if k <= 16 {
+        sort_pairs(keys, &mut idx, threads.max(1));
+    } else {
+        let key = |i: u32| &chunk[i as usize * r..i as usize * r + k];
+        idx.sort_by(|&a, &b| key(a).cmp(key(b)));
+    }
+    debug_assert!(idx
+        .windows(2)
+        .all(|w| chunk[w[0] as usize * r..][..k] <= chunk[w[1] as usize * r..][..k]));
+    idx
+}
+
+/// Sorts `input` into `output` as `plan` says; `progress` gets bytes
+/// processed per phase.
+pub fn extsort(
+    input: &Path,
+    output: &Path,
+    options: &ExtsortOptions,
+    plan: &Plan,
+    progress: &dyn Fn(Phase, u64),
+) -> Result<Measured> {
+    let mut out = AtomicFile::create(output)?;
+    let mut runs_dir = RunDir::create(&tmp_dir(output, options))?;
+    let mut measured = Measured::default();
+    let start = Instant::now();
+    let runs = sort_phase(input, options, plan, &mut runs_dir, &mut out, progress)?;
+    measured.sort_secs = start.elapsed().as_secs_f64();
+    measured.runs_written = runs.len() as u64;
+    let start = Instant::now();
+    if !runs.is_empty() {
+        merge_phase(runs, options, plan, &mut runs_dir, &mut out, progress)?;
+    }
+    out.commit()?;
+    measured.merge_secs = start.elapsed().as_secs_f64();
+    measured.bytes_written = plan.input_bytes * (1 + u64::from(plan.merge_passes.max(1)));
+    Ok(measured)
+}
+
+/// Reads `M`-byte chunks, sorts each, writes it as a run (or, if the input
+/// is one chunk, straight to OUT). Returns the runs.
+fn sort_phase(
+    input: &Path,
+    options: &ExtsortOptions,
+    plan: &Plan,
+    runs_dir: &mut RunDir,
+    out: &mut AtomicFile,
+    progress: &dyn Fn(Phase, u64),
+) -> Result<Vec<PathBuf>> {
+    let r = options.record_size;
+    let mut reader = BlockReader::spawn(input, 0, plan.input_bytes, plan.run_bytes as usize)?;
+    let one_run = plan.input_bytes <= plan.run_bytes;
+    let mut runs = vec![];
+    let block_records = (plan.sort_block_bytes as usize / r).max(1);
+    while let Some(chunk) = reader.next_block()? {
+        let order = sort_chunk(&chunk, r, options.key_size, options.threads);
+        let (file, path) = if one_run {
+            let f = out.file().try_clone().map_err(io_err(out.tmp_path()))?;
+            (f, out.tmp_path().to_path_buf())
+        } else {
+            let path = runs_dir.next_run();
+            (File::create(&path).map_err(io_err(&path))?, path)
+        };
+        let mut writer = BlockWriter::spawn(file, &path, block_records * r)?;
+        for piece in order.chunks(block_records) {
+            let mut block = writer.buffer()?;
+            gather_rows(&chunk, r, piece, &mut block);
+            writer.write(block)?;
+        }
+        writer.finish()?;
+        progress(Phase::Sort, chunk.len() as u64);
+        reader.recycle(chunk);
+        if !one_run {
+            runs.push(path);
+        }
+    }
+    Ok(runs)
+}
+
+/// One sorted run being merged: its current block and position.
+struct RunCursor {
+    reader: BlockReader,
+    block: Vec<u8>,
+    at: usize,
+    record: usize,
+    key: usize,
+}
+
+impl RunCursor {
+    fn open(path: &Path, plan: &Plan, key: usize) -> Result<Self> {
+        let len = std::fs::metadata(path).map_err(io_err(path))?.len();
+        let mut reader = BlockReader::spawn(path, 0, len, plan.merge_block_bytes as usize)?;
+        let block = reader.next_block()?.unwrap_or_default();
+        Ok(Self {
+            reader,
+            block,
+            at: 0,
+            record: plan.record_size as usize,
+            key,
+        })
+    }
+
+    fn current(&self) -> &[u8] {
+        &self.block[self.at..self.at + self.record]
+    }
+
+    fn advance(&mut self) -> Result<()> {
+        self.at += self.record;
+        if self.at >= self.block.len() {
+            let next = self.reader.next_block()?.unwrap_or_default();
+            let done = std::mem::replace(&mut self.block, next);
+            self.reader.recycle(done);
+            self.at = 0;
+        }
+        Ok(())
+    }
+}
+
+impl MergeCursor for RunCursor {
+    fn is_done(&self) -> bool {
+        self.at >= self.block.len()
+    }
+
+    #[inline]
+    fn less_than(&self, other: &Self) -> bool {
+        self.block[self.at..self.at + self.key] < other.block[other.at..other.at + other.key]
+    }
+}
+
+/// Merges runs in passes of fan-in `plan.fan_in`; the last pass writes OUT.
+fn merge_phase(
+    mut runs: Vec<PathBuf>,
+    options: &ExtsortOptions,
+    plan: &Plan,
+    runs_dir: &mut RunDir,
+    out: &mut AtomicFile,
+    progress: &dyn Fn(Phase, u64),
+) -> Result<()> {
+    let fan_in = plan.fan_in.max(2) as usize;
+    let mut pass = 0;
+    loop {
+        pass += 1;
+        let last = runs.len() <= fan_in;
+        let mut next = vec![];
+        for group in runs.chunks(fan_in) {
+            let (file, path) = if last {
+                let f = out.file().try_clone().map_err(io_err(out.tmp_path()))?;
+                (f, out.tmp_path().to_path_buf())
+            } else {
+                let path = runs_dir.next_run();
+                (File::create(&path).map_err(io_err(&path))?, path)
+            };
+            merge_group(group, file, &path, options, plan, &|n| {
+                progress(Phase::Merge(pass), n)
+            })?;
+            for done in group {
+                let _ = std::fs::remove_file(done);
+            }
+            next.push(path);
+        }
+        if last {
+            return Ok(());
+        }
+        runs = next;
+    }
+}
+
+/// Merges `group` into `file` through a loser tree.
+fn merge_group(
+    group: &[PathBuf],
+    file: File,
+    path: &Path,
+    options: &ExtsortOptions,
+    plan: &Plan,
+    progress: &dyn Fn(u64),
+) -> Result<()> {
+    let r = options.record_size;
+    let cursors = group
+        .iter()
+        .map(|p| RunCursor::open(p, plan, options.key_size))
+        .collect::<Result<Vec<_>>>()?;
+    let mut tree = LoserTree::new(cursors);
+    let block = plan.merge_block_bytes as usize;
+    let mut writer = BlockWriter::spawn(file, path, block)?;
+    let mut buf = writer.buffer()?;
+    while let Some(w) = tree.winner() {
+        buf.extend_from_slice(tree.cursor(w).current());
+        tree.cursor_mut(w).advance()?;
+        tree.replay();
+        if buf.len() + r > block {
+            progress(buf.len() as u64);
+            writer.write(buf)?;
+            buf = writer.buffer()?;
+        }
+    }
+    if !buf.is_empty() {
+        progress(buf.len() as u64);
+        writer.write(buf)?;
+    }
+    writer.finish()?;
+    Ok(())
+}
+
+/// Checks a sort's parameters before any work: a clear error, not a
+/// half-done sort.
+pub fn check_request(input: &Path, output: &Path) -> Result<()> {
+    if input == output {
+        return Err(ExtsortError::Invalid(
+            "IN and OUT are the same file; sort into a new file".into(),
+        ));
+    }
+    Ok(())
+}
