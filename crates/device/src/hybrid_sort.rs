@@ -33,11 +33,9 @@ use datafusion::physical_plan::metrics::{
     BaselineMetrics, ExecutionPlanMetricsSet, MetricBuilder, MetricsSet, Time,
 };
 use datafusion::physical_plan::sorts::sort::SortExec;
-use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::{
     DisplayAs, DisplayFormatType, ExecutionPlan, Partitioning, PlanProperties,
 };
-use futures::StreamExt;
 use insitu_format::hybrid::decode_key_block;
 use insitu_kernels::{argsort_columns, gather, gather_rows, Parallelism};
 use insitu_stage::hybrid::{read_ranges, HybridProjection, RowBytes};
@@ -45,8 +43,7 @@ use insitu_stage::{HybridFile, HybridScanExec};
 use insitu_wire::{HybridLayout, RowSlot};
 use object_store::ObjectStore;
 
-/// Output batches in flight between the sorting thread and the stage.
-const SORTED_BATCHES_IN_FLIGHT: usize = 4;
+use crate::sort::{sorted_stream, Sender};
 
 /// A [`HybridSortExec`] doing what `sort` asks, if `sort` reads a hybrid
 /// scan directly and sorts by its column-wise keys; `None` otherwise.
@@ -213,22 +210,9 @@ impl ExecutionPlan for HybridSortExec {
             row_read: phase("row_read_time"),
             shuffle: phase("shuffle_time"),
         });
-        let (tx, rx) = tokio::sync::mpsc::channel(SORTED_BATCHES_IN_FLIGHT);
-        let started = Arc::clone(&job);
-        let run = async move {
-            if let Err(e) = started.run(store, reservation, tx.clone()).await {
-                let _ = tx.send(Err(e)).await;
-            }
-        };
-        let stream = futures::stream::once(async move {
-            tokio::spawn(run);
-            futures::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|b| (b, rx)) })
-        })
-        .flatten();
-        Ok(Box::pin(RecordBatchStreamAdapter::new(
-            self.schema(),
-            stream,
-        )))
+        Ok(sorted_stream(self.schema(), move |tx| async move {
+            job.run(store, reservation, tx).await
+        }))
     }
 }
 
@@ -252,8 +236,6 @@ struct Rows {
     slots: Bytes,
     heap: Bytes,
 }
-
-type Sender = tokio::sync::mpsc::Sender<Result<RecordBatch>>;
 
 impl HybridSortJob {
     async fn run(

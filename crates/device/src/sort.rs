@@ -245,21 +245,9 @@ impl ExecutionPlan for KernelSortExec {
             spilled_runs: MetricBuilder::new(&self.metrics).counter("spilled_runs", partition),
             spilled_bytes: MetricBuilder::new(&self.metrics).counter("spilled_bytes", partition),
         });
-        let (tx, rx) = tokio::sync::mpsc::channel(SORTED_BATCHES_IN_FLIGHT);
-        let run = async move {
-            if let Err(e) = job.run(input, reservation, tx.clone()).await {
-                let _ = tx.send(Err(e)).await;
-            }
-        };
-        let stream = futures::stream::once(async move {
-            tokio::spawn(run);
-            futures::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|b| (b, rx)) })
-        })
-        .flatten();
-        Ok(Box::pin(RecordBatchStreamAdapter::new(
-            self.schema(),
-            stream,
-        )))
+        Ok(sorted_stream(self.schema(), move |tx| async move {
+            job.run(input, reservation, tx).await
+        }))
     }
 }
 
@@ -276,7 +264,31 @@ struct SortJob {
     spilled_bytes: Count,
 }
 
-type Sender = tokio::sync::mpsc::Sender<Result<RecordBatch>>;
+/// Where a sort's worker task sends its sorted batches.
+pub(crate) type Sender = tokio::sync::mpsc::Sender<Result<RecordBatch>>;
+
+/// The output stream of a sort whose work runs in its own task: `work`
+/// sends batches through the channel (bounded, so a slow consumer holds
+/// it back); its error, if any, ends the stream. The task starts on the
+/// first poll.
+pub(crate) fn sorted_stream<F, Fut>(schema: SchemaRef, work: F) -> SendableRecordBatchStream
+where
+    F: FnOnce(Sender) -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = Result<()>> + Send + 'static,
+{
+    let (tx, rx) = tokio::sync::mpsc::channel(SORTED_BATCHES_IN_FLIGHT);
+    let run = async move {
+        if let Err(e) = work(tx.clone()).await {
+            let _ = tx.send(Err(e)).await;
+        }
+    };
+    let stream = futures::stream::once(async move {
+        tokio::spawn(run);
+        futures::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|b| (b, rx)) })
+    })
+    .flatten();
+    Box::pin(RecordBatchStreamAdapter::new(schema, stream))
+}
 
 impl SortJob {
     async fn run(

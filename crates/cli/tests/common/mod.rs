@@ -17,8 +17,14 @@ use insitu_host::{embedded_clients, HostConfig, InsituHost, Pushdown};
 use insitu_ingest::{gen_tpch, TpchOptions};
 use insitu_link::LinkProfile;
 
+/// The repository root. Cargo sets `CARGO_MANIFEST_DIR` when it runs a test
+/// binary; reading it at run time keeps a test binary reused from a build
+/// cache shared between checkouts pointing at this checkout's fixtures.
 pub fn repo_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+    let manifest_dir = std::env::var_os("CARGO_MANIFEST_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")));
+    manifest_dir.join("../..")
 }
 
 pub fn query_sql(n: usize) -> String {
