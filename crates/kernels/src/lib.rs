@@ -2,7 +2,9 @@
 //!
 //! The device side of a table sort (NASCENT2): sort the key column into
 //! row indices, then gather whole rows by those indices. Every kernel is a
-//! synchronous free function: no I/O, no async, no global state. Each one
+//! synchronous free function: no I/O, no async. The one piece of global
+//! state is [`mem`]'s scratch pool, which retains freed large buffers for
+//! reuse only when the process sets a limit (0 by default). Each one
 //! asserts its preconditions (indices and dictionary keys in range) and is
 //! tested against a naive reference in `tests/`.
 //!
@@ -11,14 +13,14 @@
 //! | [`argsort`], [`argsort_to`], [`argsort_top_k`] | one key column -> sorted row indices (radix) |
 //! | [`argsort_columns`] | several key columns -> sorted row indices (row keys + radix) |
 //! | [`dictionary_ranks`], [`sort_dictionary`] | generic sort of dictionary-encoded keys |
-//! | [`gather`], [`gather_batch`], [`gather_rows`], [`gather_values`] | shuffle by indices |
+//! | [`gather`], [`gather_batch`], [`gather_rows`], [`gather_rows_into`], [`gather_values`] | shuffle by indices |
 //! | [`dictionary_decode`] | dictionary codes -> plain values |
 
 mod argsort;
 mod decode;
 mod dictionary;
 mod gather;
-mod mem;
+pub mod mem;
 pub mod radix;
 mod rows;
 
@@ -27,6 +29,6 @@ pub use decode::dictionary_decode;
 pub use dictionary::{
     dictionary_ranks, key_mapping_table, low_cardinality_ranks, sort_dictionary, DictionaryRanks,
 };
-pub use gather::{gather, gather_batch, gather_rows, gather_values};
+pub use gather::{gather, gather_batch, gather_rows, gather_rows_into, gather_values};
 pub use radix::SortIndex;
 pub use rows::argsort_columns;

@@ -1,10 +1,263 @@
-//! Large working buffers backed by transparent huge pages where the kernel
-//! offers them only on request (`madvise` mode). A 100M-row sort touches
-//! gigabytes of fresh memory; with 4 KiB pages most of its time went to
-//! page faults (perf: 40% in `clear_page_erms` before this).
+//! Large working buffers: huge-page backed, and reusable through a
+//! process-wide scratch pool.
+//!
+//! A 100M-row sort touches gigabytes of fresh memory. With 4 KiB pages most
+//! of its time went to page faults (perf: 40% in `clear_page_erms`); with
+//! huge pages the kernel still zeroes every fresh page, which perf showed
+//! as 66% of a 100M-row argsort. Kernels therefore take their large buffers
+//! from a pool of already-faulted allocations ([`take_vec`]) and give them
+//! back when done ([`recycle`], or [`pooled_buffer`] for Arrow outputs,
+//! which return to the pool when the last array using them is dropped).
+//!
+//! The pool retains at most [`scratch_pool_bytes_max`] bytes, 0 unless the
+//! process opts in with [`set_scratch_pool_bytes_max`]: memory held for
+//! reuse counts against whatever budget the process keeps, so the process
+//! decides.
+
+use std::ptr::NonNull;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+
+use arrow::buffer::Buffer;
 
 /// Buffers at least this large ask for huge pages.
 const HUGE_BYTES_MIN: usize = 4 << 20;
+/// Buffers at least this large are pooled: a device's 64Ki-row batch
+/// columns are (smaller ones come from the allocator's own free lists).
+const POOLED_BYTES_MIN: usize = 64 << 10;
+/// A parked buffer serves requests down to this fraction of its size, so
+/// an array never pins far more memory than it reports using.
+const POOLED_SLACK_MAX: usize = 2;
+/// The pool holds at most this many buffers (its searches are linear).
+const PARKED_MAX: usize = 256;
+
+/// Plain data: every bit pattern is a valid value, so memory a previous
+/// user initialized may be handed out as-is.
+///
+/// # Safety
+/// Implementors must be valid for any bit pattern and have no drop glue.
+pub unsafe trait Pod: Copy + Send + Sync + 'static {}
+// SAFETY: primitive integers are valid for every bit pattern.
+unsafe impl Pod for u8 {}
+unsafe impl Pod for u16 {}
+unsafe impl Pod for u32 {}
+unsafe impl Pod for u64 {}
+unsafe impl Pod for u128 {}
+unsafe impl Pod for i8 {}
+unsafe impl Pod for i16 {}
+unsafe impl Pod for i32 {}
+unsafe impl Pod for i64 {}
+unsafe impl Pod for i128 {}
+
+/// An allocation parked in the pool: `bytes` long with alignment `align`,
+/// the first `init_bytes` of it initialized.
+struct Parked {
+    ptr: NonNull<u8>,
+    bytes: usize,
+    align: usize,
+    init_bytes: usize,
+}
+// SAFETY: a parked allocation is owned by the pool alone.
+unsafe impl Send for Parked {}
+
+/// Freed large allocations kept for reuse, up to a limit in bytes.
+pub struct ScratchPool {
+    parked: Mutex<Vec<Parked>>,
+    bytes_max: AtomicUsize,
+}
+
+/// The process-wide pool the kernels use.
+pub static SCRATCH_POOL: ScratchPool = ScratchPool::new();
+
+/// How many bytes of freed scratch buffers the process-wide pool may retain.
+pub fn scratch_pool_bytes_max() -> usize {
+    SCRATCH_POOL.bytes_max()
+}
+
+/// Sets the process-wide pool's limit in bytes; lowering it frees what is
+/// over.
+pub fn set_scratch_pool_bytes_max(bytes: usize) {
+    SCRATCH_POOL.set_bytes_max(bytes)
+}
+
+/// An empty vector with room for `n` values from the process-wide pool.
+pub fn take_vec<T: Pod>(n: usize) -> Vec<T> {
+    SCRATCH_POOL.take_vec(n)
+}
+
+/// `n` values of unspecified content from the process-wide pool.
+pub fn take_vec_filled<T: Pod + Default>(n: usize) -> Vec<T> {
+    SCRATCH_POOL.take_vec_filled(n)
+}
+
+/// Gives `v`'s allocation to the process-wide pool.
+pub fn recycle<T: Pod>(v: Vec<T>) {
+    SCRATCH_POOL.recycle(v)
+}
+
+/// `v` as an Arrow buffer that returns to the process-wide pool.
+pub fn pooled_buffer<T: Pod>(v: Vec<T>) -> Buffer {
+    SCRATCH_POOL.pooled_buffer(v)
+}
+
+impl ScratchPool {
+    /// An empty pool retaining nothing until given a limit.
+    pub const fn new() -> Self {
+        ScratchPool {
+            parked: Mutex::new(Vec::new()),
+            bytes_max: AtomicUsize::new(0),
+        }
+    }
+
+    pub fn bytes_max(&self) -> usize {
+        self.bytes_max.load(Ordering::Relaxed)
+    }
+
+    /// Sets the limit in bytes; lowering it frees what is over.
+    pub fn set_bytes_max(&self, bytes: usize) {
+        self.bytes_max.store(bytes, Ordering::Relaxed);
+        let mut parked = self.lock();
+        while pooled_bytes(&parked) > bytes {
+            free(parked.pop().expect("a pool over its limit holds something"));
+        }
+    }
+
+    /// Bytes the pool holds now.
+    pub fn bytes(&self) -> usize {
+        pooled_bytes(&self.lock())
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<Parked>> {
+        self.parked.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// An empty vector with room for `n` values: a pooled allocation if one
+    /// fits, else a fresh one, huge-page backed if large.
+    pub fn take_vec<T: Pod>(&self, n: usize) -> Vec<T> {
+        match self.take_parked::<T>(n) {
+            // SAFETY: the allocation has T's alignment and a size that is a
+            // multiple of T's, so it is exactly a Vec<T>'s of this capacity.
+            Some(parked) => unsafe { parked.into_vec(0) },
+            None => huge_vec_with_capacity(n),
+        }
+    }
+
+    /// `n` values of unspecified content (whatever a previous user left, or
+    /// zeros), for buffers that are written before they are read.
+    pub fn take_vec_filled<T: Pod + Default>(&self, n: usize) -> Vec<T> {
+        match self.take_parked::<T>(n) {
+            Some(parked) => {
+                let init = (parked.init_bytes / std::mem::size_of::<T>()).min(n);
+                // SAFETY: as in `take_vec`; the first `init` values were
+                // initialized by a previous user, and T is valid for any bits.
+                let mut v = unsafe { parked.into_vec(init) };
+                v.resize(n, T::default());
+                v
+            }
+            None => huge_vec(n, T::default()),
+        }
+    }
+
+    /// Smallest parked allocation that holds `n` values of T.
+    fn take_parked<T: Pod>(&self, n: usize) -> Option<Parked> {
+        let (size, align) = (std::mem::size_of::<T>(), std::mem::align_of::<T>());
+        let need = n.checked_mul(size)?;
+        if need < POOLED_BYTES_MIN {
+            return None;
+        }
+        let mut parked = self.lock();
+        let best = parked
+            .iter()
+            .enumerate()
+            .filter(|(_, p)| p.align == align && p.bytes.is_multiple_of(size))
+            .filter(|(_, p)| p.bytes >= need && p.bytes <= need * POOLED_SLACK_MAX)
+            .min_by_key(|(_, p)| p.bytes)
+            .map(|(i, _)| i)?;
+        Some(parked.swap_remove(best))
+    }
+
+    /// Parks `v`'s allocation for reuse, or frees it if the pool is full or
+    /// `v` is small.
+    pub fn recycle<T: Pod>(&self, v: Vec<T>) {
+        let size = std::mem::size_of::<T>();
+        let bytes = v.capacity() * size;
+        if bytes < POOLED_BYTES_MIN {
+            return;
+        }
+        let mut parked = self.lock();
+        if parked.len() >= PARKED_MAX || pooled_bytes(&parked) + bytes > self.bytes_max() {
+            return;
+        }
+        let mut v = std::mem::ManuallyDrop::new(v);
+        parked.push(Parked {
+            ptr: NonNull::new(v.as_mut_ptr() as *mut u8).expect("a non-empty Vec has a pointer"),
+            bytes,
+            align: std::mem::align_of::<T>(),
+            init_bytes: v.len() * size,
+        });
+    }
+
+    /// `v` as an Arrow buffer whose memory returns to this pool (or is
+    /// freed, if the pool does not take it) when the last array using it is
+    /// dropped.
+    pub fn pooled_buffer<T: Pod>(&'static self, v: Vec<T>) -> Buffer {
+        let len = v.len() * std::mem::size_of::<T>();
+        let ptr = NonNull::new(v.as_ptr() as *mut u8).expect("a non-empty Vec has a pointer");
+        let owner = Arc::new(Recycled { vec: v, pool: self });
+        // SAFETY: `ptr` points at `len` initialized bytes of the Vec the
+        // owner holds; the Vec is not touched again until the owner drops.
+        unsafe { Buffer::from_custom_allocation(ptr, len, owner) }
+    }
+}
+
+impl Default for ScratchPool {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Drop for ScratchPool {
+    fn drop(&mut self) {
+        self.set_bytes_max(0);
+    }
+}
+
+impl Parked {
+    /// # Safety
+    /// T must have this allocation's alignment, a size dividing its length,
+    /// and `len` values must be initialized.
+    unsafe fn into_vec<T>(self, len: usize) -> Vec<T> {
+        let capacity = self.bytes / std::mem::size_of::<T>();
+        Vec::from_raw_parts(self.ptr.as_ptr() as *mut T, len, capacity)
+    }
+}
+
+fn pooled_bytes(parked: &[Parked]) -> usize {
+    parked.iter().map(|p| p.bytes).sum()
+}
+
+fn free(parked: Parked) {
+    let layout = std::alloc::Layout::from_size_align(parked.bytes, parked.align)
+        .expect("parked layout was valid when allocated");
+    // SAFETY: `ptr` came from the global allocator with exactly this layout
+    // (a Vec's capacity times its element size, and its alignment).
+    unsafe { std::alloc::dealloc(parked.ptr.as_ptr(), layout) }
+}
+
+/// Owns a vector behind an Arrow buffer and recycles it when the buffer's
+/// last user drops it.
+struct Recycled<T: Pod> {
+    vec: Vec<T>,
+    pool: &'static ScratchPool,
+}
+
+impl<T: Pod> Drop for Recycled<T> {
+    fn drop(&mut self) {
+        self.pool.recycle(std::mem::take(&mut self.vec));
+    }
+}
+
+impl<T: Pod> std::panic::RefUnwindSafe for Recycled<T> {}
 
 /// An empty vector with room for `n` values, huge-page backed if large.
 pub fn huge_vec_with_capacity<T>(n: usize) -> Vec<T> {
@@ -40,3 +293,53 @@ fn advise_huge(addr: usize, len: usize) {
 
 #[cfg(not(target_os = "linux"))]
 fn advise_huge(_addr: usize, _len: usize) {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pool_reuses_within_its_limit_and_frees_beyond() {
+        let pool: &'static ScratchPool = Box::leak(Box::new(ScratchPool::new()));
+        let n = HUGE_BYTES_MIN / 8;
+        pool.recycle(vec![7u64; n]);
+        assert_eq!(pool.bytes(), 0, "a zero limit retains nothing");
+
+        pool.set_bytes_max(4 * HUGE_BYTES_MIN);
+        let v = vec![7u64; n];
+        let ptr = v.as_ptr() as usize;
+        pool.recycle(v);
+        assert_eq!(pool.bytes(), HUGE_BYTES_MIN);
+        assert!(
+            pool.take_vec::<u128>(n).capacity() >= n,
+            "too large: a fresh one"
+        );
+        let again: Vec<u64> = pool.take_vec_filled(n / 2);
+        assert_eq!(again.as_ptr() as usize, ptr, "the parked buffer is reused");
+        assert_eq!(again.len(), n / 2);
+        assert!(again.iter().all(|&x| x == 7), "previous contents remain");
+        assert_eq!(pool.bytes(), 0);
+
+        // Arrow buffers go back to the pool when dropped.
+        let buffer = pool.pooled_buffer(again);
+        assert_eq!(buffer.len(), n / 2 * 8);
+        assert_eq!(pool.bytes(), 0);
+        drop(buffer);
+        assert_eq!(pool.bytes(), HUGE_BYTES_MIN);
+
+        // Over the limit: freed, not parked.
+        for _ in 0..5 {
+            pool.recycle(vec![1u32; HUGE_BYTES_MIN / 4]);
+        }
+        assert_eq!(pool.bytes(), 4 * HUGE_BYTES_MIN);
+        // Small requests never come from the pool.
+        assert!(pool.take_vec::<u8>(16).capacity() < HUGE_BYTES_MIN);
+        // Far smaller requests do not pin a large parked buffer.
+        assert!(pool.take_vec::<u32>(HUGE_BYTES_MIN / 4 / 3).capacity() < HUGE_BYTES_MIN / 4);
+        assert_eq!(pool.bytes(), 4 * HUGE_BYTES_MIN);
+        pool.set_bytes_max(HUGE_BYTES_MIN);
+        assert_eq!(pool.bytes(), HUGE_BYTES_MIN);
+        pool.set_bytes_max(0);
+        assert_eq!(pool.bytes(), 0);
+    }
+}

@@ -18,7 +18,7 @@
 
 use std::sync::Mutex;
 
-use crate::mem::{huge_vec, huge_vec_with_capacity};
+use crate::mem::{recycle, take_vec, take_vec_filled, Pod};
 
 /// Buckets at most this long are finished by insertion sort.
 const SMALL_BLOCK_ROWS: usize = 48;
@@ -36,7 +36,7 @@ pub const RADIX_ROWS_MIN: usize = 256;
 const PARALLEL_ROWS_MIN: usize = 1 << 17;
 
 /// An unsigned key whose numeric order is the sort order.
-pub trait RadixKey: Copy + Ord + Send + Sync + Default + std::fmt::Debug + 'static {
+pub trait RadixKey: Pod + Ord + Send + Sync + Default + std::fmt::Debug + 'static {
     const BYTES: usize;
     /// Byte `level` counted from the most significant (level 0).
     fn byte(self, level: usize) -> usize;
@@ -78,7 +78,7 @@ radix_key!(u64);
 radix_key!(u128);
 
 /// A row index: `u32` for up to 2^32 rows, `u64` beyond.
-pub trait SortIndex: Copy + Ord + Send + Sync + Default + std::fmt::Debug + 'static {
+pub trait SortIndex: Pod + Ord + Send + Sync + Default + std::fmt::Debug + 'static {
     const MAX_ROWS: usize;
     fn from_usize(i: usize) -> Self;
     fn as_usize(self) -> usize;
@@ -129,21 +129,21 @@ pub fn sort_pairs<K: RadixKey, I: SortIndex>(keys: Vec<K>, idx: &mut [I], thread
             sort_narrowed(keys, idx, n, threads);
         }
         1..=4 => {
-            let mut narrow: Vec<u32> = huge_vec_with_capacity(keys.len());
+            let mut narrow: Vec<u32> = take_vec(keys.len());
             narrow.extend(keys.iter().map(|&k| k.wrapping_sub(min).to_u128() as u32));
-            drop(keys);
+            recycle(keys);
             sort_narrowed(narrow, idx, range.significant_bytes(), threads);
         }
         5..=8 => {
-            let mut narrow: Vec<u64> = huge_vec_with_capacity(keys.len());
+            let mut narrow: Vec<u64> = take_vec(keys.len());
             narrow.extend(keys.iter().map(|&k| k.wrapping_sub(min).to_u128() as u64));
-            drop(keys);
+            recycle(keys);
             sort_narrowed(narrow, idx, range.significant_bytes(), threads);
         }
         n => {
-            let mut rebased: Vec<u128> = huge_vec_with_capacity(keys.len());
+            let mut rebased: Vec<u128> = take_vec(keys.len());
             rebased.extend(keys.iter().map(|&k| k.wrapping_sub(min).to_u128()));
-            drop(keys);
+            recycle(keys);
             sort_narrowed(rebased, idx, n, threads);
         }
     }
@@ -182,8 +182,9 @@ fn sort_narrowed<K: RadixKey, I: SortIndex>(
         comparison_sort(&mut keys, idx);
         return;
     }
-    let mut scratch_keys = huge_vec(keys.len(), K::default());
-    let mut scratch_idx = huge_vec(idx.len(), I::default());
+    // Written before read: pooled memory needs no clearing.
+    let mut scratch_keys: Vec<K> = take_vec_filled(keys.len());
+    let mut scratch_idx: Vec<I> = take_vec_filled(idx.len());
     if threads > 1 && keys.len() >= PARALLEL_ROWS_MIN {
         parallel_top_level(
             &mut keys,
@@ -206,6 +207,9 @@ fn sort_narrowed<K: RadixKey, I: SortIndex>(
         );
     }
     debug_assert!(keys.windows(2).all(|w| w[0] <= w[1]), "keys sorted");
+    recycle(keys);
+    recycle(scratch_keys);
+    recycle(scratch_idx);
 }
 
 /// Stable sort of a short input by (key, input position).

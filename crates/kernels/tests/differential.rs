@@ -288,6 +288,33 @@ fn random_arrays(rng: &mut StdRng, n: usize) -> Vec<ArrayRef> {
     ]
 }
 
+/// Past a million rows without nulls, the key transform is split over
+/// threads; the order must not change.
+#[test]
+fn argsort_of_large_inputs_on_threads_matches_reference() {
+    let mut rng = StdRng::seed_from_u64(1 << 20);
+    let n = (1 << 20) + 7;
+    let ints: ArrayRef = Arc::new(Int64Array::from_iter_values(
+        (0..n).map(|_| rng.random_range(-50_000i64..50_000)),
+    ));
+    let floats: ArrayRef = Arc::new(Float64Array::from_iter_values((0..n).map(|i| {
+        if i % 97 == 0 {
+            f64::NAN
+        } else {
+            rng.random_range(-1e3..1e3f64).round()
+        }
+    })));
+    for array in [ints, floats] {
+        for o in all_options() {
+            let want = ref_order(&[(Arc::clone(&array), o)]);
+            for threads in [1, 2, 3] {
+                let got: Vec<u32> = argsort_to(array.as_ref(), o, Parallelism(threads)).unwrap();
+                assert!(got == want, "{} n={n} {o:?} threads={threads}", array.data_type());
+            }
+        }
+    }
+}
+
 fn all_options() -> [SortOptions; 4] {
     [(false, false), (false, true), (true, false), (true, true)].map(|(descending, nulls_first)| {
         SortOptions {

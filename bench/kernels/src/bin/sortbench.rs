@@ -2,7 +2,7 @@
 //! dictionary decode against a copy of the same bytes. Prints medians and
 //! ratios as a markdown table and JSON lines.
 //!
-//! Usage: sortbench [--rows N] [--reps R] [--threads T] [--python PY]
+//! Usage: sortbench [--rows N] [--reps R] [--threads T] [--python PY] [--only-insitu-argsort]
 
 use std::process::Command;
 use std::sync::Arc;
@@ -54,6 +54,8 @@ struct Args {
     reps: usize,
     threads: usize,
     python: Option<String>,
+    /// Only insitu's argsort (for profiling).
+    only_insitu: bool,
 }
 
 fn parse_args() -> Args {
@@ -62,6 +64,7 @@ fn parse_args() -> Args {
         reps: 5,
         threads: 2,
         python: None,
+        only_insitu: false,
     };
     let mut it = std::env::args().skip(1);
     while let Some(a) = it.next() {
@@ -71,7 +74,8 @@ fn parse_args() -> Args {
             "--reps" => args.reps = value().parse().expect("--reps R"),
             "--threads" => args.threads = value().parse().expect("--threads T"),
             "--python" => args.python = Some(value()),
-            other => panic!("unknown argument {other}; usage: sortbench [--rows N] [--reps R] [--threads T] [--python PY]"),
+            "--only-insitu-argsort" => args.only_insitu = true,
+            other => panic!("unknown argument {other}; usage: sortbench [--rows N] [--reps R] [--threads T] [--python PY] [--only-insitu-argsort]"),
         }
     }
     args
@@ -94,7 +98,12 @@ fn main() {
     let n = args.rows;
     let reps = args.reps;
     let t = args.threads;
-    println!("rows={n} reps={reps} threads={t} (median seconds; ratio = time / insitu time)\n");
+    // Kernels reuse pre-faulted scratch between calls, as a device's do.
+    let pool_bytes = 4usize << 30;
+    insitu_kernels::mem::set_scratch_pool_bytes_max(pool_bytes);
+    println!(
+        "rows={n} reps={reps} threads={t} scratch_pool_bytes_max={pool_bytes} (median seconds; ratio = time / insitu time)\n"
+    );
     println!("| group | implementation | median s | M items/s | time ratio |");
     println!("|---|---|---:|---:|---:|");
 
@@ -104,7 +113,11 @@ fn main() {
     let ours = median_secs(
         reps,
         || (),
-        |_| argsort_to::<u32>(&keys_array, SortOptions::default(), Parallelism(t)).unwrap(),
+        |_| {
+            let order = argsort_to::<u32>(&keys_array, SortOptions::default(), Parallelism(t));
+            // A device gathers by the order, then hands the memory back.
+            insitu_kernels::mem::recycle(order.unwrap());
+        },
     );
     let pairs = || {
         keys.iter()
@@ -113,6 +126,9 @@ fn main() {
             .collect::<Vec<_>>()
     };
     row("argsort u64", "insitu radix", ours, n, ours);
+    if args.only_insitu {
+        return;
+    }
     let std_t = median_secs(reps, pairs, |mut p| {
         p.sort_unstable_by_key(|x| x.key);
         p
