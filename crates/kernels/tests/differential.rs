@@ -309,7 +309,11 @@ fn argsort_of_large_inputs_on_threads_matches_reference() {
             let want = ref_order(&[(Arc::clone(&array), o)]);
             for threads in [1, 2, 3] {
                 let got: Vec<u32> = argsort_to(array.as_ref(), o, Parallelism(threads)).unwrap();
-                assert!(got == want, "{} n={n} {o:?} threads={threads}", array.data_type());
+                assert!(
+                    got == want,
+                    "{} n={n} {o:?} threads={threads}",
+                    array.data_type()
+                );
             }
         }
     }
