@@ -261,7 +261,7 @@ impl BlockWriter {
         let thread = std::thread::Builder::new()
             .name("insitu-write".into())
             .spawn(move || {
-                let mut sink = DirectSink::new(file, &path)?;
+                let mut sink = DirectSink::new(file, &path, block)?;
                 for mut buf in rx {
                     sink.write(&buf)?;
                     buf.clear();
@@ -330,8 +330,12 @@ impl Drop for BlockWriter {
 
 /// Alignment of direct I/O: buffers, file offsets and request lengths.
 const DIRECT_ALIGN: usize = 4096;
-/// Size of the direct writer's staging buffer (one request).
-const DIRECT_REQUEST_BYTES: usize = 8 << 20;
+/// Bounds of the direct writer's staging buffer (one request): a quarter
+/// of the writer's block, so the staging adds little to the sort's
+/// buffers. Direct writes here: 777 MB/s at 256 KiB, 958 MB/s at 1 MiB,
+/// 897 MB/s at 8 MiB (`dd oflag=direct`).
+const DIRECT_REQUEST_BYTES_MIN: usize = 256 << 10;
+const DIRECT_REQUEST_BYTES_MAX: usize = 8 << 20;
 
 /// Appends to a file with `O_DIRECT` in whole aligned requests, staging
 /// bytes in an aligned buffer; the unaligned tail is written buffered at
@@ -344,9 +348,11 @@ struct DirectSink {
 }
 
 impl DirectSink {
-    fn new(file: File, path: &Path) -> Result<Self> {
+    /// A sink for a writer of `block`-byte blocks.
+    fn new(file: File, path: &Path, block: usize) -> Result<Self> {
+        let request = (block / 4).clamp(DIRECT_REQUEST_BYTES_MIN, DIRECT_REQUEST_BYTES_MAX);
         let staging = if set_direct(&file, true) {
-            Some(AlignedBuf::new(DIRECT_REQUEST_BYTES))
+            Some(AlignedBuf::new(request / DIRECT_ALIGN * DIRECT_ALIGN))
         } else {
             None
         };
@@ -516,7 +522,7 @@ pub fn measure_bandwidth(dir: &Path, bytes: u64) -> Result<(f64, f64)> {
     let requests = bytes.div_ceil(REQUEST as u64).max(1);
     let start = Instant::now();
     // The same path the sort's writers take.
-    let mut sink = DirectSink::new(file, &path)?;
+    let mut sink = DirectSink::new(file, &path, 4 * REQUEST)?;
     for _ in 0..requests {
         sink.write(&buf)?;
     }
