@@ -167,6 +167,21 @@ pub fn sort_chunk(chunk: &[u8], r: usize, k: usize, threads: usize) -> Vec<u32> 
     idx
 }
 
+/// Where a sorted stream goes: OUT itself (its temp name; a clone of its
+/// descriptor) when this is the last step, else a new run file.
+fn output_target(
+    to_out: bool,
+    out: &mut AtomicFile,
+    runs_dir: &mut RunDir,
+) -> Result<(File, PathBuf)> {
+    if to_out {
+        let file = out.file().try_clone().map_err(io_err(out.tmp_path()))?;
+        return Ok((file, out.tmp_path().to_path_buf()));
+    }
+    let path = runs_dir.next_run();
+    Ok((File::create(&path).map_err(io_err(&path))?, path))
+}
+
 /// Records below this count are gathered on one thread.
 const PARALLEL_GATHER_RECORDS_MIN: usize = 4096;
 
@@ -231,13 +246,7 @@ fn sort_phase(
     let block_records = (plan.sort_block_bytes as usize / r).max(1);
     while let Some(chunk) = reader.next_block()? {
         let order = sort_chunk(&chunk, r, options.key_size, options.threads);
-        let (file, path) = if one_run {
-            let f = out.file().try_clone().map_err(io_err(out.tmp_path()))?;
-            (f, out.tmp_path().to_path_buf())
-        } else {
-            let path = runs_dir.next_run();
-            (File::create(&path).map_err(io_err(&path))?, path)
-        };
+        let (file, path) = output_target(one_run, out, runs_dir)?;
         let mut writer = BlockWriter::spawn(file, &path, block_records * r)?;
         for piece in order.chunks(block_records) {
             let mut block = writer.buffer()?;
@@ -342,13 +351,7 @@ fn merge_phase(
         let last = runs.len() <= fan_in;
         let mut next = vec![];
         for group in runs.chunks(fan_in) {
-            let (file, path) = if last {
-                let f = out.file().try_clone().map_err(io_err(out.tmp_path()))?;
-                (f, out.tmp_path().to_path_buf())
-            } else {
-                let path = runs_dir.next_run();
-                (File::create(&path).map_err(io_err(&path))?, path)
-            };
+            let (file, path) = output_target(last, out, runs_dir)?;
             merge_group(group, file, &path, options, plan, &|n| {
                 progress(Phase::Merge(pass), n)
             })?;

@@ -116,7 +116,7 @@ fn main() {
         |_| {
             let order = argsort_to::<u32>(&keys_array, SortOptions::default(), Parallelism(t));
             // A device gathers by the order, then hands the memory back.
-            insitu_kernels::mem::recycle(order.unwrap());
+            insitu_kernels::mem::recycle(order.expect("argsort of u64 keys"));
         },
     );
     let pairs = || {
