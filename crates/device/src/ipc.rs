@@ -25,7 +25,11 @@ impl IpcChunker {
     }
 
     pub fn batch(&mut self, batch: &RecordBatch) -> Result<Bytes, ArrowError> {
-        self.writer.write(&compact_views(batch)?)?;
+        let batch = compact_views(batch)?;
+        // Sized up front: growing by doubling copies the message about once
+        // more and touches twice the fresh memory.
+        *self.writer.get_mut() = Vec::with_capacity(encoded_size_hint(&batch));
+        self.writer.write(&batch)?;
         Ok(Bytes::from(std::mem::take(self.writer.get_mut())))
     }
 
@@ -33,6 +37,37 @@ impl IpcChunker {
         self.writer.finish()?;
         Ok(Bytes::from(std::mem::take(self.writer.get_mut())))
     }
+}
+
+/// At least the bytes of `batch`'s IPC message: the bytes its rows use in
+/// every buffer, plus padding per buffer and room for the header.
+fn encoded_size_hint(batch: &RecordBatch) -> usize {
+    /// Flatbuffer header, message prefix and schema-independent slack.
+    const HEADER_BYTES: usize = 1 << 12;
+    /// IPC pads every buffer to 64 bytes, and describes each in the header.
+    const BYTES_PER_BUFFER: usize = 64 + 32;
+    batch
+        .columns()
+        .iter()
+        .map(|c| {
+            let data = c.to_data();
+            let buffers = count_buffers(&data);
+            // The slice size leaves out the data buffers views point into.
+            let view_data: usize = match data.data_type() {
+                DataType::Utf8View | DataType::BinaryView => {
+                    data.buffers()[1..].iter().map(|b| b.len()).sum()
+                }
+                _ => 0,
+            };
+            data.get_slice_memory_size().unwrap_or(0) + view_data + buffers * BYTES_PER_BUFFER
+        })
+        .sum::<usize>()
+        + HEADER_BYTES
+}
+
+/// Buffers of `data` and its children, validity included.
+fn count_buffers(data: &arrow::array::ArrayData) -> usize {
+    1 + data.buffers().len() + data.child_data().iter().map(count_buffers).sum::<usize>()
 }
 
 /// Rewrites string and binary view columns whose data buffers hold far more
@@ -133,5 +168,68 @@ mod tests {
             whole.column(0).as_string_view().data_buffers().len(),
             batch.column(0).as_string_view().data_buffers().len()
         );
+    }
+
+    /// The chunk buffer is sized once: the hint covers the whole message
+    /// for every column kind a stage emits, sliced or not.
+    #[test]
+    fn size_hint_covers_the_encoded_message() {
+        use arrow::array::{
+            BooleanArray, Decimal128Array, DictionaryArray, Int32Array, Int64Array, StringArray,
+        };
+        let n: usize = 5000;
+        let views: StringViewArray = (0..n)
+            .map(|i| (i % 3 != 0).then(|| format!("value {i} that is longer than twelve")))
+            .collect();
+        let keys = Int32Array::from_iter((0..n as i32).map(|i| (i % 5 != 0).then_some(i % 4)));
+        let dict = DictionaryArray::new(
+            keys,
+            Arc::new(StringArray::from(vec!["a", "bb", "ccc", "dddd"])),
+        );
+        let columns: Vec<(&str, ArrayRef)> = vec![
+            (
+                "i",
+                Arc::new(Int64Array::from_iter(
+                    (0..n as i64).map(|i| (i % 7 != 0).then_some(i)),
+                )),
+            ),
+            (
+                "d",
+                Arc::new(
+                    Decimal128Array::from_iter_values((0..n).map(|i| i as i128))
+                        .with_precision_and_scale(15, 2)
+                        .unwrap(),
+                ),
+            ),
+            (
+                "b",
+                Arc::new(BooleanArray::from_iter((0..n).map(|i| Some(i % 2 == 0)))),
+            ),
+            (
+                "s",
+                Arc::new(StringArray::from_iter_values(
+                    (0..n).map(|i| format!("s{i}")),
+                )),
+            ),
+            ("v", Arc::new(views)),
+            ("k", Arc::new(dict)),
+        ];
+        let batch = RecordBatch::try_from_iter(columns).unwrap();
+        for (at, len) in [(0, n), (0, 1), (17, 999), (n - 3, 3), (0, 0)] {
+            let slice = compact_views(&batch.slice(at, len)).unwrap();
+            let (mut chunker, _) = IpcChunker::start(&batch.schema()).unwrap();
+            let chunk = chunker.batch(&slice).unwrap();
+            let hint = encoded_size_hint(&slice);
+            assert!(
+                chunk.len() <= hint,
+                "{} bytes encoded, {hint} hinted (rows {at}..+{len})",
+                chunk.len()
+            );
+            assert!(
+                hint < 2 * chunk.len() + (16 << 10),
+                "hint {hint} far above {} (rows {at}..+{len})",
+                chunk.len()
+            );
+        }
     }
 }

@@ -12,7 +12,7 @@ use arrow::buffer::{BooleanBuffer, Buffer, NullBuffer};
 use arrow::datatypes::DataType;
 use arrow::error::ArrowError;
 
-use crate::mem::{pooled_buffer, take_vec, Pod};
+use crate::mem::{pooled_buffer, recycle, take_vec, take_vec_filled, Pod};
 
 /// How far ahead the gather loops prefetch.
 const PREFETCH_ROWS: usize = 16;
@@ -118,12 +118,12 @@ pub fn gather_rows_into(rows: &[u8], row_width: usize, indices: &[u32], out: &mu
 ///            &Int32Array::from(vec![Some(3), None, Some(1)]));
 /// ```
 pub fn gather(values: &dyn Array, indices: &[u32]) -> Result<ArrayRef, ArrowError> {
-    if let Some(&bad) = indices.iter().find(|&&i| i as usize >= values.len()) {
-        return Err(ArrowError::InvalidArgumentError(format!(
-            "gather index {bad} out of range for {} rows",
-            values.len()
-        )));
-    }
+    check_indices(indices, values.len())?;
+    gather_in_range(values, indices)
+}
+
+/// [`gather`] of indices already checked to be in range.
+fn gather_in_range(values: &dyn Array, indices: &[u32]) -> Result<ArrayRef, ArrowError> {
     let data = values.to_data();
     let width = match values.data_type() {
         dt if dt.is_primitive() && !matches!(dt, DataType::Boolean) => dt.primitive_width(),
@@ -156,13 +156,265 @@ pub fn gather(values: &dyn Array, indices: &[u32]) -> Result<ArrayRef, ArrowErro
     Ok(arrow::array::make_array(out))
 }
 
-/// Gathers every column of `batch` by `indices`.
+/// Gathers every column of `batch` by `indices` (`take` on each column).
+///
+/// A random gather misses the cache once per row and column, so for large
+/// batches the fixed-width parts of the columns (primitive values, string
+/// view structs, dictionary keys) are first packed into rows of at most
+/// [`ROW_GROUP_BYTES_MAX`] bytes, the rows gathered, and the rows unpacked
+/// into columns: one miss per row and group instead of per row and column.
+/// The packing and unpacking are sequential passes in cache-sized blocks.
+///
+/// ```text
+///  columns a b c d         rows [a b c d]       gathered rows      columns
+///  ┌─┐┌─┐┌─┐┌─┐   pack    ┌───────┐  indices   ┌───────┐  unpack  ┌─┐┌─┐┌─┐┌─┐
+///  │ ││ ││ ││ │  ──────▶  ├───────┤  ───────▶  ├───────┤  ──────▶ │ ││ ││ ││ │
+///  └─┘└─┘└─┘└─┘           └───────┘            └───────┘          └─┘└─┘└─┘└─┘
+/// ```
+///
+/// ```
+/// use std::sync::Arc;
+/// use arrow::array::{Int64Array, RecordBatch, StringViewArray};
+/// let batch = RecordBatch::try_from_iter([
+///     ("k", Arc::new(Int64Array::from(vec![3, 1, 2])) as _),
+///     ("s", Arc::new(StringViewArray::from(vec!["c", "a", "b"])) as _),
+/// ]).unwrap();
+/// let out = insitu_kernels::gather_batch(&batch, &[1, 2, 0]).unwrap();
+/// assert_eq!(out.column(1).as_ref(), &StringViewArray::from(vec!["a", "b", "c"]));
+/// ```
 pub fn gather_batch(batch: &RecordBatch, indices: &[u32]) -> Result<RecordBatch, ArrowError> {
-    let columns = batch
+    let rows = batch.num_rows();
+    let row_bytes: usize = batch
         .columns()
         .iter()
-        .map(|c| gather(c.as_ref(), indices))
+        .filter_map(|c| fixed_part_width(c.data_type()))
+        .sum();
+    let by_rows = rows * row_bytes > CACHED_BYTES_MAX && !indices.is_empty();
+    gather_batch_with(batch, indices, by_rows)
+}
+
+/// Widest row the row-wise shuffle packs, in bytes: one cache line, so
+/// each gathered row costs one miss.
+pub const ROW_GROUP_BYTES_MAX: usize = 64;
+/// Rows are packed, gathered and unpacked in blocks of about this many
+/// bytes, so a block stays in L1 between the passes over its columns.
+const ROW_BLOCK_BYTES: usize = 32 << 10;
+
+/// [`gather_batch`] with the choice of path made by the caller: `by_rows`
+/// packs fixed-width columns into rows first (the tests force both paths).
+#[doc(hidden)]
+pub fn gather_batch_with(
+    batch: &RecordBatch,
+    indices: &[u32],
+    by_rows: bool,
+) -> Result<RecordBatch, ArrowError> {
+    check_indices(indices, batch.num_rows())?;
+    let mut columns: Vec<Option<ArrayRef>> = vec![None; batch.num_columns()];
+    let fixed: Vec<(usize, usize)> = match by_rows {
+        true => (batch.columns().iter().enumerate())
+            .filter_map(|(i, c)| fixed_part_width(c.data_type()).map(|w| (i, w)))
+            .collect(),
+        false => vec![],
+    };
+    for group in row_groups(fixed) {
+        if group.len() < 2 {
+            continue; // nothing to share a row with: the column path is as good
+        }
+        let data: Vec<ArrayData> = group
+            .iter()
+            .map(|&(i, _)| batch.column(i).to_data())
+            .collect();
+        for (&(i, _), array) in group.iter().zip(gather_row_group(&data, indices)?) {
+            columns[i] = Some(array);
+        }
+    }
+    let columns = columns
+        .into_iter()
+        .zip(batch.columns())
+        .map(|(done, c)| match done {
+            Some(array) => Ok(array),
+            None => gather_in_range(c.as_ref(), indices),
+        })
         .collect::<Result<Vec<_>, _>>()?;
     let options = arrow::array::RecordBatchOptions::new().with_row_count(Some(indices.len()));
     RecordBatch::try_new_with_options(Arc::clone(&batch.schema()), columns, &options)
+}
+
+fn check_indices(indices: &[u32], len: usize) -> Result<(), ArrowError> {
+    match indices.iter().find(|&&i| i as usize >= len) {
+        Some(bad) => Err(ArrowError::InvalidArgumentError(format!(
+            "gather index {bad} out of range for {len} rows"
+        ))),
+        None => Ok(()),
+    }
+}
+
+/// Width in bytes of the per-row values in buffer 0 of arrays of type
+/// `dt`, for types whose other buffers and children a gather leaves alone.
+fn fixed_part_width(dt: &DataType) -> Option<usize> {
+    match dt {
+        DataType::Boolean => None,
+        DataType::Utf8View | DataType::BinaryView => Some(16),
+        DataType::Dictionary(key, _) => key.primitive_width(),
+        dt if dt.is_primitive() => dt.primitive_width(),
+        _ => None,
+    }
+}
+
+/// Packs `(column, width)` pairs into groups of at most
+/// [`ROW_GROUP_BYTES_MAX`] bytes, widest first (first-fit decreasing).
+fn row_groups(mut fixed: Vec<(usize, usize)>) -> Vec<Vec<(usize, usize)>> {
+    fixed.sort_by_key(|&(i, w)| (std::cmp::Reverse(w), i));
+    let mut groups: Vec<(usize, Vec<(usize, usize)>)> = vec![];
+    for (i, w) in fixed {
+        match groups
+            .iter_mut()
+            .find(|(used, _)| used + w <= ROW_GROUP_BYTES_MAX)
+        {
+            Some((used, members)) => {
+                *used += w;
+                members.push((i, w));
+            }
+            None => groups.push((w, vec![(i, w)])),
+        }
+    }
+    groups.into_iter().map(|(_, members)| members).collect()
+}
+
+/// Gathers arrays of equal length through one row layout of their
+/// fixed-width parts. Indices must be in range.
+fn gather_row_group(data: &[ArrayData], indices: &[u32]) -> Result<Vec<ArrayRef>, ArrowError> {
+    assert!(
+        data.iter().all(|d| d.len() == data[0].len()),
+        "grouped columns have equal lengths"
+    );
+    let sources: Vec<&[u8]> = data.iter().map(fixed_part_bytes).collect();
+    let widths: Vec<usize> = data
+        .iter()
+        .map(|d| fixed_part_width(d.data_type()).expect("grouped arrays are fixed-width"))
+        .collect();
+    let row_width: usize = widths.iter().sum();
+    let offsets: Vec<usize> = widths
+        .iter()
+        .scan(0, |at, w| Some(std::mem::replace(at, *at + w)))
+        .collect();
+    let rows = pack_rows(&sources, &widths, &offsets, data[0].len());
+    let n = indices.len();
+    let mut outputs: Vec<Vec<u128>> = widths
+        .iter()
+        .map(|w| take_vec_filled((n * w).div_ceil(16)))
+        .collect();
+    let block_rows = (ROW_BLOCK_BYTES / row_width).max(1);
+    let mut block: Vec<u8> = take_vec_filled(block_rows * row_width);
+    for (b, chunk) in indices.chunks(block_rows).enumerate() {
+        let gathered = &mut block[..chunk.len() * row_width];
+        gather_rows_into(&rows, row_width, chunk, gathered);
+        for ((out, &w), &offset) in outputs.iter_mut().zip(&widths).zip(&offsets) {
+            let dst = &mut as_bytes_mut(out)[b * block_rows * w..][..chunk.len() * w];
+            unpack_column(gathered, row_width, offset, w, dst);
+        }
+    }
+    recycle(block);
+    recycle(rows);
+    data.iter()
+        .zip(outputs)
+        .zip(&widths)
+        .map(|((d, out), w)| rebuild(d, pooled_buffer(out).slice_with_length(0, n * w), indices))
+        .collect()
+}
+
+/// The bytes of `data`'s per-row values (buffer 0, offset applied).
+fn fixed_part_bytes(data: &ArrayData) -> &[u8] {
+    let w = fixed_part_width(data.data_type()).expect("fixed-width array");
+    &data.buffers()[0].as_slice()[data.offset() * w..(data.offset() + data.len()) * w]
+}
+
+/// Packs the columns into rows of `widths.iter().sum()` bytes, column `c`
+/// at byte `offsets[c]` of each row, a block of rows at a time.
+fn pack_rows(sources: &[&[u8]], widths: &[usize], offsets: &[usize], len: usize) -> Vec<u8> {
+    let row_width: usize = widths.iter().sum();
+    let mut rows: Vec<u8> = take_vec_filled(len * row_width);
+    let block_rows = (ROW_BLOCK_BYTES / row_width).max(1);
+    for (b, block) in rows.chunks_mut(block_rows * row_width).enumerate() {
+        let at = b * block_rows;
+        let n = block.len() / row_width;
+        for ((src, &w), &offset) in sources.iter().zip(widths).zip(offsets) {
+            pack_column(&src[at * w..(at + n) * w], block, row_width, offset, w);
+        }
+    }
+    rows
+}
+
+/// Writes `w`-byte values into byte `offset` of consecutive rows.
+fn pack_column(values: &[u8], rows: &mut [u8], row_width: usize, offset: usize, w: usize) {
+    fn pack<const W: usize>(values: &[u8], rows: &mut [u8], row_width: usize, offset: usize) {
+        let (values, _) = values.as_chunks::<W>();
+        for (v, row) in values.iter().zip(rows.chunks_exact_mut(row_width)) {
+            row[offset..offset + W].copy_from_slice(v);
+        }
+    }
+    match w {
+        1 => pack::<1>(values, rows, row_width, offset),
+        2 => pack::<2>(values, rows, row_width, offset),
+        4 => pack::<4>(values, rows, row_width, offset),
+        8 => pack::<8>(values, rows, row_width, offset),
+        16 => pack::<16>(values, rows, row_width, offset),
+        _ => {
+            for (v, row) in values.chunks_exact(w).zip(rows.chunks_exact_mut(row_width)) {
+                row[offset..offset + w].copy_from_slice(v);
+            }
+        }
+    }
+}
+
+/// Reads the `w`-byte values at byte `offset` of consecutive rows into `out`.
+fn unpack_column(rows: &[u8], row_width: usize, offset: usize, w: usize, out: &mut [u8]) {
+    fn unpack<const W: usize>(rows: &[u8], row_width: usize, offset: usize, out: &mut [u8]) {
+        let (out, _) = out.as_chunks_mut::<W>();
+        for (row, v) in rows.chunks_exact(row_width).zip(out) {
+            v.copy_from_slice(&row[offset..offset + W]);
+        }
+    }
+    match w {
+        1 => unpack::<1>(rows, row_width, offset, out),
+        2 => unpack::<2>(rows, row_width, offset, out),
+        4 => unpack::<4>(rows, row_width, offset, out),
+        8 => unpack::<8>(rows, row_width, offset, out),
+        16 => unpack::<16>(rows, row_width, offset, out),
+        _ => {
+            for (row, v) in rows.chunks_exact(row_width).zip(out.chunks_exact_mut(w)) {
+                v.copy_from_slice(&row[offset..offset + w]);
+            }
+        }
+    }
+}
+
+fn as_bytes_mut(v: &mut [u128]) -> &mut [u8] {
+    // SAFETY: any bytes are a valid u8, u8 has alignment 1, and the length
+    // covers exactly the same memory.
+    unsafe { std::slice::from_raw_parts_mut(v.as_mut_ptr() as *mut u8, std::mem::size_of_val(v)) }
+}
+
+/// `source` with its per-row values replaced by `values` (gathered by
+/// `indices`) and its validity gathered the same way.
+fn rebuild(source: &ArrayData, values: Buffer, indices: &[u32]) -> Result<ArrayRef, ArrowError> {
+    let nulls = source.nulls().filter(|n| n.null_count() > 0).map(|n| {
+        NullBuffer::new(BooleanBuffer::collect_bool(indices.len(), |i| {
+            n.is_valid(indices[i] as usize)
+        }))
+    });
+    let mut buffers = vec![values];
+    buffers.extend(source.buffers()[1..].iter().cloned());
+    let builder = ArrayData::builder(source.data_type().clone())
+        .len(indices.len())
+        .buffers(buffers)
+        .child_data(source.child_data().to_vec())
+        .nulls(nulls);
+    // SAFETY: every value is a bit copy of a value of `source` (indices are
+    // in range), so views still point inside the unchanged data buffers and
+    // dictionary keys inside the unchanged dictionary; the buffer holds
+    // exactly `len` values, allocated with 16-byte alignment.
+    let data = unsafe { builder.build_unchecked() };
+    debug_assert!(data.validate().is_ok());
+    Ok(arrow::array::make_array(data))
 }

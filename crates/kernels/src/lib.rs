@@ -29,6 +29,9 @@ pub use decode::dictionary_decode;
 pub use dictionary::{
     dictionary_ranks, key_mapping_table, low_cardinality_ranks, sort_dictionary, DictionaryRanks,
 };
-pub use gather::{gather, gather_batch, gather_rows, gather_rows_into, gather_values};
+pub use gather::{
+    gather, gather_batch, gather_batch_with, gather_rows, gather_rows_into, gather_values,
+    ROW_GROUP_BYTES_MAX,
+};
 pub use radix::SortIndex;
 pub use rows::argsort_columns;

@@ -438,6 +438,34 @@ fn dictionary_sort_and_ranks_match_reference() {
     }
 }
 
+/// `arrays` plus columns the row-wise batch gather must carry whole: string
+/// views with values past the 12 inlined bytes, and a sliced column.
+fn batch_for_gather(rng: &mut StdRng, arrays: &[ArrayRef]) -> RecordBatch {
+    let n = arrays.first().map_or(0, |a| a.len());
+    let long: StringViewArray = (0..n)
+        .map(|i| {
+            (i % 5 != 0).then(|| {
+                format!(
+                    "a value longer than twelve bytes {}",
+                    rng.random_range(0..n)
+                )
+            })
+        })
+        .collect();
+    let wide: Int64Array = (0..n as i64 + 3)
+        .map(|i| (i % 7 != 0).then_some(i * 3))
+        .collect();
+    let mut columns = arrays.to_vec();
+    columns.push(Arc::new(long));
+    columns.push(Arc::new(wide.slice(3, n)));
+    let fields: Vec<Field> = columns
+        .iter()
+        .enumerate()
+        .map(|(i, a)| Field::new(format!("c{i}"), a.data_type().clone(), true))
+        .collect();
+    RecordBatch::try_new(Arc::new(Schema::new(fields)), columns).unwrap()
+}
+
 #[test]
 fn gather_matches_take() {
     let mut rng = StdRng::seed_from_u64(45);
@@ -460,14 +488,33 @@ fn gather_matches_take() {
                 array.data_type()
             );
         }
-        let fields: Vec<Field> = arrays
+        let batch = batch_for_gather(&mut rng, &arrays);
+        let want: Vec<ArrayRef> = batch
+            .columns()
             .iter()
-            .enumerate()
-            .map(|(i, a)| Field::new(format!("c{i}"), a.data_type().clone(), true))
+            .map(|c| {
+                arrow::compute::take(c.as_ref(), &UInt32Array::from(idx.clone()), None).unwrap()
+            })
             .collect();
-        let batch = RecordBatch::try_new(Arc::new(Schema::new(fields)), arrays.clone()).unwrap();
-        let out = gather_batch(&batch, &idx).unwrap();
-        assert_eq!(out.num_rows(), m);
+        for by_rows in [false, true] {
+            let out = gather_batch_with(&batch, &idx, by_rows).unwrap();
+            assert_eq!(out.num_rows(), m);
+            for (c, (got, want)) in out.columns().iter().zip(&want).enumerate() {
+                assert_eq!(
+                    got.to_data(),
+                    want.to_data(),
+                    "gather_batch column {c} n={n} by_rows={by_rows}"
+                );
+            }
+        }
+        assert_eq!(
+            gather_batch(&batch, &idx).unwrap(),
+            RecordBatch::try_new(batch.schema(), want).unwrap()
+        );
+        if n > 0 {
+            let err = gather_batch_with(&batch, &[n as u32], true).unwrap_err();
+            assert!(err.to_string().contains("out of range"), "{err}");
+        }
         if n > 0 {
             let err = gather(arrays[0].as_ref(), &[n as u32]).unwrap_err();
             assert!(err.to_string().contains("out of range"), "{err}");

@@ -2,7 +2,7 @@
 //! dictionary decode against a copy of the same bytes. Prints medians and
 //! ratios as a markdown table and JSON lines.
 //!
-//! Usage: sortbench [--rows N] [--reps R] [--threads T] [--python PY] [--only-insitu-argsort]
+//! Usage: sortbench [--rows N] [--reps R] [--threads T] [--python PY] [--only-insitu-argsort] [--only-shuffle]
 
 use std::process::Command;
 use std::sync::Arc;
@@ -49,6 +49,8 @@ impl voracious_radix_sort::Radixable<u64> for PairV {
     }
 }
 
+const USAGE: &str = "sortbench [--rows N] [--reps R] [--threads T] [--python PY] [--only-insitu-argsort] [--only-shuffle]";
+
 struct Args {
     rows: usize,
     reps: usize,
@@ -56,6 +58,8 @@ struct Args {
     python: Option<String>,
     /// Only insitu's argsort (for profiling).
     only_insitu: bool,
+    /// Only the whole-batch shuffle (for profiling).
+    only_shuffle: bool,
 }
 
 fn parse_args() -> Args {
@@ -65,6 +69,7 @@ fn parse_args() -> Args {
         threads: 2,
         python: None,
         only_insitu: false,
+        only_shuffle: false,
     };
     let mut it = std::env::args().skip(1);
     while let Some(a) = it.next() {
@@ -75,7 +80,8 @@ fn parse_args() -> Args {
             "--threads" => args.threads = value().parse().expect("--threads T"),
             "--python" => args.python = Some(value()),
             "--only-insitu-argsort" => args.only_insitu = true,
-            other => panic!("unknown argument {other}; usage: sortbench [--rows N] [--reps R] [--threads T] [--python PY] [--only-insitu-argsort]"),
+            "--only-shuffle" => args.only_shuffle = true,
+            other => panic!("unknown argument {other}; usage: {USAGE}"),
         }
     }
     args
@@ -106,6 +112,9 @@ fn main() {
     );
     println!("| group | implementation | median s | M items/s | time ratio |");
     println!("|---|---|---:|---:|---:|");
+    if args.only_shuffle {
+        return shuffle_batch(n / 16, reps);
+    }
 
     // argsort of random u64 keys with u32 row indices.
     let keys = random_u64(n, 1);
@@ -320,6 +329,132 @@ fn main() {
         n as f64 / d4 / 1e9,
         n as f64 / d8 / 1e9
     );
+    println!();
+    shuffle_batch(n / 16, reps);
+}
+
+/// A device's shuffle after a sort: every column of a lineitem-shaped
+/// batch (3 i64, i32, 4 decimal128, 3 date32, 5 string views: 184 bytes of
+/// fixed-width parts per row) gathered by one random permutation, column
+/// by column, through rows, and by Arrow's take, next to a copy of the
+/// same bytes.
+fn shuffle_batch(rows: usize, reps: usize) {
+    use arrow::array::{
+        ArrayRef, Date32Array, Decimal128Array, Int32Array, Int64Array, RecordBatch,
+        StringViewArray,
+    };
+    use insitu_kernels::gather_batch_with;
+    let ints = |seed| {
+        Arc::new(Int64Array::from_iter_values(
+            random_u64(rows, seed).into_iter().map(|v| (v >> 40) as i64),
+        )) as ArrayRef
+    };
+    let decimals = |seed| {
+        let values = random_u64(rows, seed)
+            .into_iter()
+            .map(|v| (v >> 44) as i128);
+        Arc::new(
+            Decimal128Array::from_iter_values(values)
+                .with_precision_and_scale(15, 2)
+                .expect("decimal(15,2)"),
+        ) as ArrayRef
+    };
+    let dates = |seed| {
+        Arc::new(Date32Array::from_iter_values(
+            random_u64(rows, seed)
+                .into_iter()
+                .map(|v| (v % 2500) as i32 + 8000),
+        )) as ArrayRef
+    };
+    let words = |seed, len: usize| {
+        let values = random_u64(rows, seed)
+            .into_iter()
+            .map(|v| format!("{v:0len$}")[..len].to_string());
+        Arc::new(StringViewArray::from_iter_values(values)) as ArrayRef
+    };
+    let columns: Vec<(&str, ArrayRef)> = vec![
+        ("orderkey", ints(20)),
+        ("partkey", ints(21)),
+        ("suppkey", ints(22)),
+        (
+            "linenumber",
+            Arc::new(Int32Array::from_iter_values(
+                (0..rows as i32).map(|i| i % 7),
+            )),
+        ),
+        ("quantity", decimals(23)),
+        ("extendedprice", decimals(24)),
+        ("discount", decimals(25)),
+        ("tax", decimals(26)),
+        ("returnflag", words(27, 1)),
+        ("linestatus", words(28, 1)),
+        ("shipdate", dates(29)),
+        ("commitdate", dates(30)),
+        ("receiptdate", dates(31)),
+        ("shipinstruct", words(32, 17)),
+        ("shipmode", words(33, 7)),
+        ("comment", words(34, 27)),
+    ];
+    let batch = RecordBatch::try_from_iter(columns).expect("lineitem-shaped batch");
+    let order = random_permutation(rows, 35);
+    let bytes = rows * 184;
+    let src = vec![7u8; bytes];
+    let mut dst = vec![1u8; bytes];
+    let copy = median_secs(reps, || (), |_| dst.copy_from_slice(&src));
+    drop((src, dst));
+    let by_rows = median_secs(
+        reps,
+        || (),
+        |_| gather_batch_with(&batch, &order, true).expect("shuffle"),
+    );
+    let by_columns = median_secs(
+        reps,
+        || (),
+        |_| gather_batch_with(&batch, &order, false).expect("shuffle"),
+    );
+    let idx = arrow::array::UInt32Array::from(order.clone());
+    let take = median_secs(
+        reps,
+        || (),
+        |_| arrow::compute::take_record_batch(&batch, &idx).expect("take"),
+    );
+    let group = format!("shuffle {rows} rows x 16 columns");
+    row(
+        &group,
+        "copy of the same 184 bytes/row (warm)",
+        copy,
+        rows,
+        by_rows,
+    );
+    row(
+        &group,
+        "insitu gather_batch through rows",
+        by_rows,
+        rows,
+        by_rows,
+    );
+    row(
+        &group,
+        "insitu gather_batch column by column",
+        by_columns,
+        rows,
+        by_rows,
+    );
+    row(&group, "arrow take_record_batch", take, rows, by_rows);
+    println!(
+        "\nshuffle through rows moves {:.2} GB/s of fixed-width parts (read + write) vs copy {:.2} GB/s",
+        2.0 * bytes as f64 / by_rows / 1e9,
+        2.0 * bytes as f64 / copy / 1e9
+    );
+}
+
+/// A seeded random permutation of `0..n`.
+fn random_permutation(n: usize, seed: u64) -> Vec<u32> {
+    use rand::seq::SliceRandom;
+    use rand::SeedableRng;
+    let mut order: Vec<u32> = (0..n as u32).collect();
+    order.shuffle(&mut rand::rngs::StdRng::seed_from_u64(seed));
+    order
 }
 
 const BATCH_ROWS: usize = 1 << 16;
