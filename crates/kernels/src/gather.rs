@@ -140,14 +140,7 @@ fn gather_in_range(values: &dyn Array, indices: &[u32]) -> Result<ArrayRef, Arro
             return arrow::compute::take(values, &idx, None);
         }
     };
-    let nulls = values
-        .logical_nulls()
-        .filter(|n| n.null_count() > 0)
-        .map(|n| {
-            NullBuffer::new(BooleanBuffer::collect_bool(indices.len(), |i| {
-                n.is_valid(indices[i] as usize)
-            }))
-        });
+    let nulls = gather_nulls(values.logical_nulls().as_ref(), indices);
     let out = ArrayData::builder(values.data_type().clone())
         .len(indices.len())
         .add_buffer(values_buffer)
@@ -224,7 +217,8 @@ pub fn gather_batch_with(
             .iter()
             .map(|&(i, _)| batch.column(i).to_data())
             .collect();
-        for (&(i, _), array) in group.iter().zip(gather_row_group(&data, indices)?) {
+        let widths: Vec<usize> = group.iter().map(|&(_, w)| w).collect();
+        for (&(i, _), array) in group.iter().zip(gather_row_group(&data, &widths, indices)?) {
             columns[i] = Some(array);
         }
     }
@@ -238,6 +232,15 @@ pub fn gather_batch_with(
         .collect::<Result<Vec<_>, _>>()?;
     let options = arrow::array::RecordBatchOptions::new().with_row_count(Some(indices.len()));
     RecordBatch::try_new_with_options(Arc::clone(&batch.schema()), columns, &options)
+}
+
+/// The validity of the gathered rows; `None` when no row is null.
+fn gather_nulls(nulls: Option<&NullBuffer>, indices: &[u32]) -> Option<NullBuffer> {
+    nulls.filter(|n| n.null_count() > 0).map(|n| {
+        NullBuffer::new(BooleanBuffer::collect_bool(indices.len(), |i| {
+            n.is_valid(indices[i] as usize)
+        }))
+    })
 }
 
 fn check_indices(indices: &[u32], len: usize) -> Result<(), ArrowError> {
@@ -282,23 +285,28 @@ fn row_groups(mut fixed: Vec<(usize, usize)>) -> Vec<Vec<(usize, usize)>> {
 }
 
 /// Gathers arrays of equal length through one row layout of their
-/// fixed-width parts. Indices must be in range.
-fn gather_row_group(data: &[ArrayData], indices: &[u32]) -> Result<Vec<ArrayRef>, ArrowError> {
+/// fixed-width parts, `widths[c]` bytes for array `c`. Indices must be in
+/// range.
+fn gather_row_group(
+    data: &[ArrayData],
+    widths: &[usize],
+    indices: &[u32],
+) -> Result<Vec<ArrayRef>, ArrowError> {
     assert!(
         data.iter().all(|d| d.len() == data[0].len()),
         "grouped columns have equal lengths"
     );
-    let sources: Vec<&[u8]> = data.iter().map(fixed_part_bytes).collect();
-    let widths: Vec<usize> = data
+    let sources: Vec<&[u8]> = data
         .iter()
-        .map(|d| fixed_part_width(d.data_type()).expect("grouped arrays are fixed-width"))
+        .zip(widths)
+        .map(|(d, &w)| fixed_part_bytes(d, w))
         .collect();
     let row_width: usize = widths.iter().sum();
     let offsets: Vec<usize> = widths
         .iter()
         .scan(0, |at, w| Some(std::mem::replace(at, *at + w)))
         .collect();
-    let rows = pack_rows(&sources, &widths, &offsets, data[0].len());
+    let rows = pack_rows(&sources, widths, &offsets, data[0].len());
     let n = indices.len();
     let mut outputs: Vec<Vec<u128>> = widths
         .iter()
@@ -309,7 +317,7 @@ fn gather_row_group(data: &[ArrayData], indices: &[u32]) -> Result<Vec<ArrayRef>
     for (b, chunk) in indices.chunks(block_rows).enumerate() {
         let gathered = &mut block[..chunk.len() * row_width];
         gather_rows_into(&rows, row_width, chunk, gathered);
-        for ((out, &w), &offset) in outputs.iter_mut().zip(&widths).zip(&offsets) {
+        for ((out, &w), &offset) in outputs.iter_mut().zip(widths).zip(&offsets) {
             let dst = &mut as_bytes_mut(out)[b * block_rows * w..][..chunk.len() * w];
             unpack_column(gathered, row_width, offset, w, dst);
         }
@@ -318,14 +326,13 @@ fn gather_row_group(data: &[ArrayData], indices: &[u32]) -> Result<Vec<ArrayRef>
     recycle(rows);
     data.iter()
         .zip(outputs)
-        .zip(&widths)
+        .zip(widths)
         .map(|((d, out), w)| rebuild(d, pooled_buffer(out).slice_with_length(0, n * w), indices))
         .collect()
 }
 
-/// The bytes of `data`'s per-row values (buffer 0, offset applied).
-fn fixed_part_bytes(data: &ArrayData) -> &[u8] {
-    let w = fixed_part_width(data.data_type()).expect("fixed-width array");
+/// The bytes of `data`'s `w`-byte per-row values (buffer 0, offset applied).
+fn fixed_part_bytes(data: &ArrayData, w: usize) -> &[u8] {
     &data.buffers()[0].as_slice()[data.offset() * w..(data.offset() + data.len()) * w]
 }
 
@@ -346,6 +353,11 @@ fn pack_rows(sources: &[&[u8]], widths: &[usize], offsets: &[usize], len: usize)
 }
 
 /// Writes `w`-byte values into byte `offset` of consecutive rows.
+///
+/// Packing and unpacking stay two functions, each with the column side's
+/// stride known at compile time: one shared copy with both strides at run
+/// time made the shuffle 1.39 s instead of 0.97 s (`sortbench
+/// --only-shuffle`, 6.25M rows x 16 columns).
 fn pack_column(values: &[u8], rows: &mut [u8], row_width: usize, offset: usize, w: usize) {
     fn pack<const W: usize>(values: &[u8], rows: &mut [u8], row_width: usize, offset: usize) {
         let (values, _) = values.as_chunks::<W>();
@@ -398,11 +410,7 @@ fn as_bytes_mut(v: &mut [u128]) -> &mut [u8] {
 /// `source` with its per-row values replaced by `values` (gathered by
 /// `indices`) and its validity gathered the same way.
 fn rebuild(source: &ArrayData, values: Buffer, indices: &[u32]) -> Result<ArrayRef, ArrowError> {
-    let nulls = source.nulls().filter(|n| n.null_count() > 0).map(|n| {
-        NullBuffer::new(BooleanBuffer::collect_bool(indices.len(), |i| {
-            n.is_valid(indices[i] as usize)
-        }))
-    });
+    let nulls = gather_nulls(source.nulls(), indices);
     let mut buffers = vec![values];
     buffers.extend(source.buffers()[1..].iter().cloned());
     let builder = ArrayData::builder(source.data_type().clone())
