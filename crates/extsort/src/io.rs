@@ -4,7 +4,7 @@
 //! and the bandwidth probe the model starts from.
 
 use std::fs::{self, File, OpenOptions};
-use std::io::{Read, Write};
+use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
 use std::thread::JoinHandle;
@@ -162,43 +162,74 @@ impl Drop for RunDir {
 /// A thread reading `len` bytes of `file` from `offset` in blocks of
 /// `block` bytes (the last may be shorter), one block ahead of the
 /// consumer: two buffers in all, recycled.
+///
+/// Where the file system allows it the thread reads with `O_DIRECT` in
+/// aligned requests straight into the block's buffer: buffered reads of a
+/// 4 GB sort spent 55% of the process's CPU in the kernel copying from the
+/// page cache (`perf record` on `insitu extsort`, 1 GiB budget).
 pub struct BlockReader {
-    blocks: Option<Receiver<Result<Vec<u8>>>>,
-    recycle: Option<SyncSender<Vec<u8>>>,
+    blocks: Option<Receiver<Result<Block>>>,
+    recycle: Option<SyncSender<AlignedBuf>>,
     thread: Option<JoinHandle<()>>,
+}
+
+/// One block a [`BlockReader`] read: a window of an aligned buffer (direct
+/// reads start and end on aligned file offsets, the block need not).
+#[derive(Default)]
+pub struct Block {
+    buf: Option<AlignedBuf>,
+    start: usize,
+    end: usize,
+}
+
+impl std::ops::Deref for Block {
+    type Target = [u8];
+
+    fn deref(&self) -> &[u8] {
+        match &self.buf {
+            Some(b) => &b.as_slice()[self.start..self.end],
+            None => &[],
+        }
+    }
 }
 
 impl BlockReader {
     pub fn spawn(path: &Path, offset: u64, len: u64, block: usize) -> Result<Self> {
-        use std::io::{Seek, SeekFrom};
-        let mut file = File::open(path).map_err(io_err(path))?;
-        file.seek(SeekFrom::Start(offset)).map_err(io_err(path))?;
-        let (tx, blocks) = sync_channel::<Result<Vec<u8>>>(0);
-        let (recycle, spare) = sync_channel::<Vec<u8>>(2);
+        let (file, direct) = open_for_reading(path)?;
+        let (tx, blocks) = sync_channel::<Result<Block>>(0);
+        let (recycle, spare) = sync_channel::<AlignedBuf>(2);
         let path = path.to_path_buf();
+        // Room for a block that starts and ends mid-page.
+        let cap = (block + 2 * DIRECT_ALIGN).next_multiple_of(DIRECT_ALIGN);
         let thread = std::thread::Builder::new()
             .name("insitu-read".into())
             .spawn(move || {
-                let mut left = len;
+                let mut at = offset;
+                let end = offset + len;
                 let mut fresh = 2; // buffers this reader may allocate
-                while left > 0 {
+                while at < end {
                     let mut buf = match spare.try_recv() {
                         Ok(b) => b,
                         Err(_) if fresh > 0 => {
                             fresh -= 1;
-                            Vec::with_capacity(block)
+                            AlignedBuf::new(cap)
                         }
                         Err(_) => match spare.recv() {
                             Ok(b) => b,
                             Err(_) => return, // consumer gone
                         },
                     };
-                    let n = (block as u64).min(left) as usize;
-                    buf.resize(n, 0);
-                    let read = file.read_exact(&mut buf).map_err(io_err(&path));
-                    left -= n as u64;
+                    let n = (block as u64).min(end - at) as usize;
+                    let read = read_block(&file, direct, at, n, &mut buf)
+                        .map(|start| Block {
+                            buf: Some(buf),
+                            start,
+                            end: start + n,
+                        })
+                        .map_err(io_err(&path));
+                    at += n as u64;
                     let failed = read.is_err();
-                    if tx.send(read.map(|()| buf)).is_err() || failed {
+                    if tx.send(read).is_err() || failed {
                         return;
                     }
                 }
@@ -212,7 +243,7 @@ impl BlockReader {
     }
 
     /// The next block, or `None` at the end.
-    pub fn next_block(&mut self) -> Result<Option<Vec<u8>>> {
+    pub fn next_block(&mut self) -> Result<Option<Block>> {
         match self.blocks.as_ref().expect("open").recv() {
             Ok(b) => b.map(Some),
             Err(_) => Ok(None),
@@ -220,9 +251,62 @@ impl BlockReader {
     }
 
     /// Hands a consumed block back for reuse.
-    pub fn recycle(&self, buf: Vec<u8>) {
-        let _ = self.recycle.as_ref().expect("open").try_send(buf);
+    pub fn recycle(&self, block: Block) {
+        if let Some(buf) = block.buf {
+            let _ = self.recycle.as_ref().expect("open").try_send(buf);
+        }
     }
+}
+
+/// `path` opened for reading, with `O_DIRECT` where the file system takes
+/// it (true); plain otherwise.
+fn open_for_reading(path: &Path) -> Result<(File, bool)> {
+    #[cfg(target_os = "linux")]
+    {
+        use std::os::unix::fs::OpenOptionsExt;
+        let direct = OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_DIRECT)
+            .open(path);
+        if let Ok(file) = direct {
+            return Ok((file, true));
+        }
+    }
+    Ok((File::open(path).map_err(io_err(path))?, false))
+}
+
+/// Reads bytes `at..at + n` of `file` into `buf`; returns where in `buf`
+/// they start. Direct reads cover the aligned range around them.
+fn read_block(
+    file: &File,
+    direct: bool,
+    at: u64,
+    n: usize,
+    buf: &mut AlignedBuf,
+) -> std::io::Result<usize> {
+    use std::os::unix::fs::FileExt;
+    let align = if direct { DIRECT_ALIGN as u64 } else { 1 };
+    let lo = at / align * align;
+    let skip = (at - lo) as usize;
+    let need = skip + n;
+    let request = need.next_multiple_of(align as usize);
+    let dst = buf.fill_mut(request);
+    let mut got = 0;
+    while got < need {
+        // A direct read past the end of the file returns what is there.
+        match file.read_at(&mut dst[got..], lo + got as u64) {
+            Ok(0) => {
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::UnexpectedEof,
+                    format!("file ends before byte {}", at + n as u64),
+                ))
+            }
+            Ok(r) => got += r,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(skip)
 }
 
 impl Drop for BlockReader {
@@ -461,8 +545,10 @@ impl AlignedBuf {
             cap > 0 && cap.is_multiple_of(DIRECT_ALIGN),
             "whole aligned requests"
         );
+        // Zeroed, so every byte may be handed out as initialized; large
+        // zeroed allocations come from fresh zero pages at no extra cost.
         // SAFETY: the layout has a nonzero size.
-        let ptr = unsafe { std::alloc::alloc(Self::layout(cap)) };
+        let ptr = unsafe { std::alloc::alloc_zeroed(Self::layout(cap)) };
         let ptr = std::ptr::NonNull::new(ptr)
             .unwrap_or_else(|| std::alloc::handle_alloc_error(Self::layout(cap)));
         Self { ptr, cap, len: 0 }
@@ -487,8 +573,17 @@ impl AlignedBuf {
         self.len = 0;
     }
 
+    /// The first `len` bytes (capped at the capacity), to be overwritten,
+    /// and from then on the buffer's contents.
+    fn fill_mut(&mut self, len: usize) -> &mut [u8] {
+        self.len = len.min(self.cap);
+        // SAFETY: the allocation is `cap` initialized (zeroed) bytes, and
+        // `&mut self` makes this the only view of them.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }
+    }
+
     fn as_slice(&self) -> &[u8] {
-        // SAFETY: the first `len` bytes were written by `push`.
+        // SAFETY: the first `len` bytes are initialized (zeroed at birth).
         unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
     }
 }
@@ -503,7 +598,7 @@ impl Drop for AlignedBuf {
 /// Sequential read and write bandwidth of the storage under `dir`, in
 /// bytes per second: `bytes` written as the sort's writers write (direct
 /// where possible) and fsynced, then dropped from the page cache and read
-/// back in 1 MiB requests.
+/// back as the readers read, in 1 MiB requests.
 pub fn measure_bandwidth(dir: &Path, bytes: u64) -> Result<(f64, f64)> {
     const REQUEST: usize = 1 << 20;
     remove_stale(dir, |n| {
@@ -530,11 +625,12 @@ pub fn measure_bandwidth(dir: &Path, bytes: u64) -> Result<(f64, f64)> {
     file.sync_all().map_err(io_err(&path))?;
     let write_bps = (requests * REQUEST as u64) as f64 / start.elapsed().as_secs_f64();
     drop_cache(&file);
-    let mut file = File::open(&path).map_err(io_err(&path))?;
-    let mut rbuf = vec![0u8; REQUEST];
+    // The same path the sort's readers take.
+    let (file, direct) = open_for_reading(&path)?;
+    let mut rbuf = AlignedBuf::new(REQUEST + 2 * DIRECT_ALIGN);
     let start = Instant::now();
-    for _ in 0..requests {
-        file.read_exact(&mut rbuf).map_err(io_err(&path))?;
+    for i in 0..requests {
+        read_block(&file, direct, i * REQUEST as u64, REQUEST, &mut rbuf).map_err(io_err(&path))?;
     }
     let read_bps = (requests * REQUEST as u64) as f64 / start.elapsed().as_secs_f64();
     Ok((read_bps, write_bps))
@@ -652,5 +748,41 @@ mod tests {
             2,
             "probe file removed"
         );
+    }
+
+    /// Direct reads cover aligned ranges; every window, block size and
+    /// file end must still give exactly the bytes asked for.
+    #[test]
+    fn reader_gives_any_window_in_any_block_size() {
+        let dir = tempfile::tempdir().unwrap();
+        let src = dir.path().join("src");
+        let data: Vec<u8> = (0..3 * 4096 + 123u32)
+            .map(|i| (i * 31 % 251) as u8)
+            .collect();
+        fs::write(&src, &data).unwrap();
+        let len = data.len() as u64;
+        for (offset, take) in [(0, len), (5, len - 5), (4096, 4096), (7, 8190), (len, 0)] {
+            for block in [7, 100, 4096, 5000, 1 << 20] {
+                let mut r = BlockReader::spawn(&src, offset, take, block).unwrap();
+                let mut got = vec![];
+                while let Some(b) = r.next_block().unwrap() {
+                    assert!(b.len() <= block && !b.is_empty());
+                    got.extend_from_slice(&b);
+                    r.recycle(b);
+                }
+                let want = &data[offset as usize..(offset + take) as usize];
+                assert!(got == want, "offset {offset} len {take} block {block}");
+            }
+        }
+        // Asking past the end is an error naming the file, not a hang.
+        let mut r = BlockReader::spawn(&src, 100, len, 4096).unwrap();
+        let err = loop {
+            match r.next_block() {
+                Ok(Some(b)) => r.recycle(b),
+                Ok(None) => panic!("read past the end without an error"),
+                Err(e) => break e.to_string(),
+            }
+        };
+        assert!(err.contains("src") && err.contains("ends before"), "{err}");
     }
 }

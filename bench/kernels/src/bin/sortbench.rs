@@ -2,7 +2,7 @@
 //! dictionary decode against a copy of the same bytes. Prints medians and
 //! ratios as a markdown table and JSON lines.
 //!
-//! Usage: sortbench [--rows N] [--reps R] [--threads T] [--python PY] [--only-insitu-argsort] [--only-shuffle]
+//! Usage: sortbench [--rows N] [--reps R] [--threads T] [--python PY] [--only-insitu-argsort] [--only-shuffle] [--only-decode]
 
 use std::process::Command;
 use std::sync::Arc;
@@ -49,7 +49,7 @@ impl voracious_radix_sort::Radixable<u64> for PairV {
     }
 }
 
-const USAGE: &str = "sortbench [--rows N] [--reps R] [--threads T] [--python PY] [--only-insitu-argsort] [--only-shuffle]";
+const USAGE: &str = "sortbench [--rows N] [--reps R] [--threads T] [--python PY] [--only-insitu-argsort] [--only-shuffle] [--only-decode]";
 
 struct Args {
     rows: usize,
@@ -60,6 +60,8 @@ struct Args {
     only_insitu: bool,
     /// Only the whole-batch shuffle (for profiling).
     only_shuffle: bool,
+    /// Only dictionary decode, next to a copy (for profiling).
+    only_decode: bool,
 }
 
 fn parse_args() -> Args {
@@ -70,6 +72,7 @@ fn parse_args() -> Args {
         python: None,
         only_insitu: false,
         only_shuffle: false,
+        only_decode: false,
     };
     let mut it = std::env::args().skip(1);
     while let Some(a) = it.next() {
@@ -81,6 +84,7 @@ fn parse_args() -> Args {
             "--python" => args.python = Some(value()),
             "--only-insitu-argsort" => args.only_insitu = true,
             "--only-shuffle" => args.only_shuffle = true,
+            "--only-decode" => args.only_decode = true,
             other => panic!("unknown argument {other}; usage: {USAGE}"),
         }
     }
@@ -114,6 +118,19 @@ fn main() {
     println!("|---|---|---:|---:|---:|");
     if args.only_shuffle {
         return shuffle_batch(n / 16, reps);
+    }
+    if args.only_decode {
+        let src = random_u64(n, 1);
+        let mut dst = vec![1u64; n];
+        let copy = median_secs(reps, || (), |_| dst.copy_from_slice(&src));
+        row(
+            "bandwidth",
+            "copy 8-byte values (STREAM copy, warm)",
+            copy,
+            n,
+            copy,
+        );
+        return decode_section(n, reps, copy);
     }
 
     // argsort of random u64 keys with u32 row indices.
@@ -242,93 +259,7 @@ fn main() {
     );
     drop((random_idx, seq, keys_array));
 
-    // Dictionary decode: 64Ki-entry dictionaries, random codes, decoded
-    // 64Ki rows at a time.
-    let codes = Int32Array::from(
-        random_indices(n, 1 << 16, 3)
-            .into_iter()
-            .map(|c| c as i32)
-            .collect::<Vec<_>>(),
-    );
-    let decode = |dict: &DictionaryArray<arrow::datatypes::Int32Type>| {
-        median_secs(
-            reps,
-            || (),
-            |_| {
-                (0..n)
-                    .step_by(BATCH_ROWS)
-                    .map(|at| {
-                        dictionary_decode(&dict.slice(at, BATCH_ROWS.min(n - at)))
-                            .unwrap()
-                            .len()
-                    })
-                    .sum::<usize>()
-            },
-        )
-    };
-    let dict8 = DictionaryArray::new(
-        codes.clone(),
-        Arc::new(UInt64Array::from(random_u64(1 << 16, 4))),
-    );
-    let d8 = decode(&dict8);
-    row("dictionary decode", "8-byte values", d8, n, copy);
-    let dict4 = DictionaryArray::new(
-        codes.clone(),
-        Arc::new(Int32Array::from((0..1 << 16).collect::<Vec<i32>>())),
-    );
-    let d4 = decode(&dict4);
-    row("dictionary decode", "4-byte values", d4, n, copy);
-    let words: Vec<String> = (0..1 << 16)
-        .map(|i| format!("{:0width$}", i, width = 1 + i % 32))
-        .collect();
-    let dict_s = DictionaryArray::new(codes.clone(), Arc::new(StringArray::from(words)));
-    let avg_len: f64 = (0..1 << 16).map(|i| (1 + i % 32) as f64).sum::<f64>() / 65536.0;
-    let ds = decode(&dict_s);
-    row(
-        "dictionary decode",
-        &format!("strings 1-32 bytes (avg {avg_len:.1})"),
-        ds,
-        n,
-        copy,
-    );
-    let cast = median_secs(
-        reps,
-        || (),
-        |_| {
-            (0..n)
-                .step_by(BATCH_ROWS)
-                .map(|at| {
-                    arrow::compute::cast(
-                        &dict_s.slice(at, BATCH_ROWS.min(n - at)),
-                        &arrow::datatypes::DataType::Utf8,
-                    )
-                    .unwrap()
-                    .len()
-                })
-                .sum::<usize>()
-        },
-    );
-    row(
-        "dictionary decode",
-        "arrow cast strings (same input)",
-        cast,
-        n,
-        copy,
-    );
-    // Per row: 4-byte code read, value bytes written, 4-byte offset written.
-    let string_bytes = n as f64 * (avg_len + 8.0);
-    let copy_bytes_per_s = n as f64 * 16.0 / copy; // read + write
-    println!(
-        "\nstring decode {:.2} GB/s (codes read + bytes written) vs copy {:.2} GB/s (read + write) = {:.0}% of copy bandwidth",
-        string_bytes / ds / 1e9,
-        copy_bytes_per_s / 1e9,
-        100.0 * (string_bytes / ds) / copy_bytes_per_s
-    );
-    println!(
-        "fixed-width decode per core: 4-byte {:.2} G values/s, 8-byte {:.2} G values/s (single-threaded kernels)",
-        n as f64 / d4 / 1e9,
-        n as f64 / d8 / 1e9
-    );
+    decode_section(n, reps, copy);
     println!();
     shuffle_batch(n / 16, reps);
 }
@@ -502,4 +433,96 @@ fn python_argsorts(py: &str, n: usize, reps: usize, threads: usize) -> Vec<(Stri
             Some((name.to_string(), secs.parse().ok()?))
         })
         .collect()
+}
+
+/// Dictionary decode of 4- and 8-byte values and of strings, next to the
+/// copy bandwidth `copy` (seconds for `n` 8-byte values).
+fn decode_section(n: usize, reps: usize, copy: f64) {
+    // Dictionary decode: 64Ki-entry dictionaries, random codes, decoded
+    // 64Ki rows at a time.
+    let codes = Int32Array::from(
+        random_indices(n, 1 << 16, 3)
+            .into_iter()
+            .map(|c| c as i32)
+            .collect::<Vec<_>>(),
+    );
+    let decode = |dict: &DictionaryArray<arrow::datatypes::Int32Type>| {
+        median_secs(
+            reps,
+            || (),
+            |_| {
+                (0..n)
+                    .step_by(BATCH_ROWS)
+                    .map(|at| {
+                        dictionary_decode(&dict.slice(at, BATCH_ROWS.min(n - at)))
+                            .unwrap()
+                            .len()
+                    })
+                    .sum::<usize>()
+            },
+        )
+    };
+    let dict8 = DictionaryArray::new(
+        codes.clone(),
+        Arc::new(UInt64Array::from(random_u64(1 << 16, 4))),
+    );
+    let d8 = decode(&dict8);
+    row("dictionary decode", "8-byte values", d8, n, copy);
+    let dict4 = DictionaryArray::new(
+        codes.clone(),
+        Arc::new(Int32Array::from((0..1 << 16).collect::<Vec<i32>>())),
+    );
+    let d4 = decode(&dict4);
+    row("dictionary decode", "4-byte values", d4, n, copy);
+    let words: Vec<String> = (0..1 << 16)
+        .map(|i| format!("{:0width$}", i, width = 1 + i % 32))
+        .collect();
+    let dict_s = DictionaryArray::new(codes.clone(), Arc::new(StringArray::from(words)));
+    let avg_len: f64 = (0..1 << 16).map(|i| (1 + i % 32) as f64).sum::<f64>() / 65536.0;
+    let ds = decode(&dict_s);
+    row(
+        "dictionary decode",
+        &format!("strings 1-32 bytes (avg {avg_len:.1})"),
+        ds,
+        n,
+        copy,
+    );
+    let cast = median_secs(
+        reps,
+        || (),
+        |_| {
+            (0..n)
+                .step_by(BATCH_ROWS)
+                .map(|at| {
+                    arrow::compute::cast(
+                        &dict_s.slice(at, BATCH_ROWS.min(n - at)),
+                        &arrow::datatypes::DataType::Utf8,
+                    )
+                    .unwrap()
+                    .len()
+                })
+                .sum::<usize>()
+        },
+    );
+    row(
+        "dictionary decode",
+        "arrow cast strings (same input)",
+        cast,
+        n,
+        copy,
+    );
+    // Per row: 4-byte code read, value bytes written, 4-byte offset written.
+    let string_bytes = n as f64 * (avg_len + 8.0);
+    let copy_bytes_per_s = n as f64 * 16.0 / copy; // read + write
+    println!(
+        "\nstring decode {:.2} GB/s (codes read + bytes written) vs copy {:.2} GB/s (read + write) = {:.0}% of copy bandwidth",
+        string_bytes / ds / 1e9,
+        copy_bytes_per_s / 1e9,
+        100.0 * (string_bytes / ds) / copy_bytes_per_s
+    );
+    println!(
+        "fixed-width decode per core: 4-byte {:.2} G values/s, 8-byte {:.2} G values/s (single-threaded kernels)",
+        n as f64 / d4 / 1e9,
+        n as f64 / d8 / 1e9
+    );
 }
