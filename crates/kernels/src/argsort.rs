@@ -26,7 +26,7 @@ use arrow::datatypes::{ArrowNativeType, DataType};
 use arrow::error::ArrowError;
 
 use crate::mem::take_vec;
-use crate::radix::{sort_pairs, RadixKey, SortIndex};
+use crate::radix::{sort_pairs, sort_pairs_in_range, RadixKey, SortIndex};
 
 /// How many threads a kernel may use; 1 by default.
 #[derive(Debug, Clone, Copy)]
@@ -96,6 +96,8 @@ pub(crate) struct Split<K, I> {
     pub rows: Vec<I>,
     pub nulls: Vec<I>,
     pub nulls_first: bool,
+    /// The smallest and largest key, if known (saves the sort a pass).
+    pub range: Option<(K, K)>,
 }
 
 impl<K: RadixKey, I: SortIndex> Split<K, I> {
@@ -105,8 +107,12 @@ impl<K: RadixKey, I: SortIndex> Split<K, I> {
             mut rows,
             nulls,
             nulls_first,
+            range,
         } = self;
-        sort_pairs(keys, &mut rows, threads);
+        match range {
+            Some((min, max)) => sort_pairs_in_range(keys, &mut rows, threads, min, max),
+            None => sort_pairs(keys, &mut rows, threads),
+        }
         join_nulls(rows, nulls, nulls_first)
     }
 
@@ -117,6 +123,7 @@ impl<K: RadixKey, I: SortIndex> Split<K, I> {
             rows,
             nulls,
             nulls_first,
+            range: _,
         } = self;
         if nulls_first && nulls.len() >= k {
             return nulls[..k].to_vec();
@@ -318,10 +325,14 @@ fn split<K: RadixKey + std::ops::Not<Output = K>, I: SortIndex>(
         rows: take_vec(n - null_count),
         nulls: Vec::with_capacity(null_count),
         nulls_first,
+        range: None,
     };
     let flip = |k: K| if descending { !k } else { k };
     match nulls.filter(|b| b.null_count() > 0) {
-        None => fill_keys_and_rows(&mut out.keys, &mut out.rows, n, threads, |i| flip(key(i))),
+        None => {
+            out.range =
+                fill_keys_and_rows(&mut out.keys, &mut out.rows, n, threads, |i| flip(key(i)));
+        }
         Some(valid) => {
             for i in 0..n {
                 if valid.is_valid(i) {
@@ -340,46 +351,65 @@ fn split<K: RadixKey + std::ops::Not<Output = K>, I: SortIndex>(
 const PARALLEL_SPLIT_ROWS_MIN: usize = 1 << 20;
 
 /// `keys[i] = key(i)`, `rows[i] = i` for `i < n`, into empty vectors with
-/// room for `n`, split over `threads`.
+/// room for `n`, split over `threads`. Returns the smallest and largest
+/// key (None if `n` is 0), found on the way rather than in a pass of the
+/// sort's own.
 fn fill_keys_and_rows<K: RadixKey, I: SortIndex>(
     keys: &mut Vec<K>,
     rows: &mut Vec<I>,
     n: usize,
     threads: usize,
     key: impl Fn(usize) -> K + Sync,
-) {
+) -> Option<(K, K)> {
     assert!(keys.is_empty() && rows.is_empty() && keys.capacity() >= n && rows.capacity() >= n);
-    let fill =
-        |start: usize, k: &mut [std::mem::MaybeUninit<K>], r: &mut [std::mem::MaybeUninit<I>]| {
-            for (j, (k, r)) in k.iter_mut().zip(r.iter_mut()).enumerate() {
-                k.write(key(start + j));
-                r.write(I::from_usize(start + j));
-            }
-        };
+    let fill = |start: usize,
+                k: &mut [std::mem::MaybeUninit<K>],
+                r: &mut [std::mem::MaybeUninit<I>]|
+     -> Option<(K, K)> {
+        let first = key(start);
+        let (mut lo, mut hi) = (first, first);
+        for (j, (k, r)) in k.iter_mut().zip(r.iter_mut()).enumerate() {
+            let v = key(start + j);
+            lo = lo.min(v);
+            hi = hi.max(v);
+            k.write(v);
+            r.write(I::from_usize(start + j));
+        }
+        (!r.is_empty()).then_some((lo, hi))
+    };
     let (k_out, r_out) = (
         &mut keys.spare_capacity_mut()[..n],
         &mut rows.spare_capacity_mut()[..n],
     );
-    if threads < 2 || n < PARALLEL_SPLIT_ROWS_MIN {
-        fill(0, k_out, r_out);
+    let range = if n == 0 {
+        None
+    } else if threads < 2 || n < PARALLEL_SPLIT_ROWS_MIN {
+        fill(0, k_out, r_out)
     } else {
         let chunk = n.div_ceil(threads);
-        std::thread::scope(|s| {
-            for (t, (k, r)) in k_out
+        let ranges: Vec<Option<(K, K)>> = std::thread::scope(|s| {
+            let handles: Vec<_> = k_out
                 .chunks_mut(chunk)
                 .zip(r_out.chunks_mut(chunk))
                 .enumerate()
-            {
-                let fill = &fill;
-                s.spawn(move || fill(t * chunk, k, r));
-            }
+                .map(|(t, (k, r))| {
+                    let fill = &fill;
+                    s.spawn(move || fill(t * chunk, k, r))
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap()).collect()
         });
-    }
+        ranges
+            .into_iter()
+            .flatten()
+            .reduce(|a, b| (a.0.min(b.0), a.1.max(b.1)))
+    };
     // SAFETY: every one of the first n slots of both was written above.
     unsafe {
         keys.set_len(n);
         rows.set_len(n);
     }
+    range
 }
 
 /// Order-preserving image of an f64: NaN above +inf, -0.0 equal to 0.0.

@@ -111,11 +111,30 @@ impl SortIndex for u64 {
 /// Sorts `keys` ascending, permuting `idx` alongside. Stable: equal keys
 /// keep their input order. Rebases and narrows the keys first.
 pub fn sort_pairs<K: RadixKey, I: SortIndex>(keys: Vec<K>, idx: &mut [I], threads: usize) {
+    if keys.len() < 2 {
+        return sort_pairs_in_range(keys, idx, threads, K::default(), K::default());
+    }
+    let (min, max) = min_max(&keys, threads);
+    sort_pairs_in_range(keys, idx, threads, min, max)
+}
+
+/// [`sort_pairs`] of keys known to lie in `min..=max` (a caller that
+/// produced the keys has seen them all; this saves a pass over them).
+pub fn sort_pairs_in_range<K: RadixKey, I: SortIndex>(
+    keys: Vec<K>,
+    idx: &mut [I],
+    threads: usize,
+    min: K,
+    max: K,
+) {
     assert_eq!(keys.len(), idx.len(), "one index per key");
     if keys.len() < 2 {
         return;
     }
-    let (min, max) = min_max(&keys, threads);
+    debug_assert!(
+        keys.iter().all(|k| (min..=max).contains(k)),
+        "keys within the given range"
+    );
     let range = max.wrapping_sub(min);
     match range.significant_bytes() {
         0 => {} // all keys equal: input order is the stable order
@@ -295,10 +314,16 @@ fn msd<K: RadixKey, I: SortIndex>(mut buf: Buffers<K, I>, level: usize, result_i
         offsets[b] = sum;
         sum += counts[b];
     }
+    let (out_keys, out_idx) = (&mut *buf.scratch_keys, &mut *buf.scratch_idx);
+    assert!(out_keys.len() == n && out_idx.len() == n && buf.idx.len() == n);
     for (&k, &i) in buf.keys.iter().zip(buf.idx.iter()) {
         let slot = &mut offsets[k.byte(level)];
-        buf.scratch_keys[*slot] = k;
-        buf.scratch_idx[*slot] = i;
+        // SAFETY: the offsets are the prefix sums of the byte counts, so
+        // every slot is below n, the length asserted above.
+        unsafe {
+            *out_keys.get_unchecked_mut(*slot) = k;
+            *out_idx.get_unchecked_mut(*slot) = i;
+        }
         *slot += 1;
     }
     for bucket in buf.split_swapped(&counts) {
@@ -328,29 +353,57 @@ fn diverting_pass<K: RadixKey, I: SortIndex>(
     for &k in buf.keys.iter() {
         counts[digit(k)] += 1;
     }
-    if counts.iter().any(|&c| c as usize > DIVERT_RUN_MAX) {
-        return false;
-    }
-    let mut sum = 0u16;
+    // Prefix sums and the longest run in one pass over the counts.
+    let (mut sum, mut run_max) = (0u16, 0u16);
     for c in counts.iter_mut() {
         let here = *c;
+        run_max = run_max.max(here);
         *c = sum;
         sum += here;
     }
-    // Scatter to scratch and finish there; copy back if wanted in data.
+    if run_max as usize > DIVERT_RUN_MAX {
+        return false;
+    }
+    // Scatter to scratch, then finish there, or on the way back to data
+    // (one pass instead of a sort and a copy).
     let (out_keys, out_idx) = (&mut *buf.scratch_keys, &mut *buf.scratch_idx);
+    assert!(out_keys.len() == n && out_idx.len() == n && buf.idx.len() == n);
     for (&k, &i) in buf.keys.iter().zip(buf.idx.iter()) {
         let slot = &mut counts[digit(k)];
-        out_keys[*slot as usize] = k;
-        out_idx[*slot as usize] = i;
+        // SAFETY: the slots are the prefix sums of the digit counts, so
+        // every one is below n, the length asserted above.
+        unsafe {
+            *out_keys.get_unchecked_mut(*slot as usize) = k;
+            *out_idx.get_unchecked_mut(*slot as usize) = i;
+        }
         *slot += 1;
     }
-    insertion_sort(out_keys, out_idx);
     if result_in_data {
-        buf.keys.copy_from_slice(buf.scratch_keys);
-        buf.idx.copy_from_slice(buf.scratch_idx);
+        insertion_sort_into(out_keys, out_idx, buf.keys, buf.idx);
+    } else {
+        insertion_sort(out_keys, out_idx);
     }
     true
+}
+
+/// Stable insertion sort of a small block from `keys`/`idx` into
+/// `out_keys`/`out_idx`.
+fn insertion_sort_into<K: RadixKey, I: SortIndex>(
+    keys: &[K],
+    idx: &[I],
+    out_keys: &mut [K],
+    out_idx: &mut [I],
+) {
+    for (n, (&k, &r)) in keys.iter().zip(idx).enumerate() {
+        let mut j = n;
+        while j > 0 && out_keys[j - 1] > k {
+            out_keys[j] = out_keys[j - 1];
+            out_idx[j] = out_idx[j - 1];
+            j -= 1;
+        }
+        out_keys[j] = k;
+        out_idx[j] = r;
+    }
 }
 
 /// Stable insertion sort of a small block.

@@ -132,6 +132,7 @@ fn fixed_width_keys<I: SortIndex>(rows: &Rows) -> Option<NormalizedKeys<I>> {
             rows,
             nulls: vec![],
             nulls_first: false,
+            range: None,
         }
     }
     Some(match width {
