@@ -395,14 +395,7 @@ fn insertion_sort_into<K: RadixKey, I: SortIndex>(
     out_idx: &mut [I],
 ) {
     for (n, (&k, &r)) in keys.iter().zip(idx).enumerate() {
-        let mut j = n;
-        while j > 0 && out_keys[j - 1] > k {
-            out_keys[j] = out_keys[j - 1];
-            out_idx[j] = out_idx[j - 1];
-            j -= 1;
-        }
-        out_keys[j] = k;
-        out_idx[j] = r;
+        insert_sorted(out_keys, out_idx, n, k, r);
     }
 }
 
@@ -410,15 +403,22 @@ fn insertion_sort_into<K: RadixKey, I: SortIndex>(
 fn insertion_sort<K: RadixKey, I: SortIndex>(keys: &mut [K], idx: &mut [I]) {
     for i in 1..keys.len() {
         let (k, r) = (keys[i], idx[i]);
-        let mut j = i;
-        while j > 0 && keys[j - 1] > k {
-            keys[j] = keys[j - 1];
-            idx[j] = idx[j - 1];
-            j -= 1;
-        }
-        keys[j] = k;
-        idx[j] = r;
+        insert_sorted(keys, idx, i, k, r);
     }
+}
+
+/// Puts `(k, r)` into the sorted first `len` pairs (slot `len` is free),
+/// after every key not greater: stable.
+#[inline(always)]
+fn insert_sorted<K: RadixKey, I: SortIndex>(keys: &mut [K], idx: &mut [I], len: usize, k: K, r: I) {
+    let mut j = len;
+    while j > 0 && keys[j - 1] > k {
+        keys[j] = keys[j - 1];
+        idx[j] = idx[j - 1];
+        j -= 1;
+    }
+    keys[j] = k;
+    idx[j] = r;
 }
 
 /// Raw output pointers shared by scatter threads; each thread writes only

@@ -120,16 +120,7 @@ fn main() {
         return shuffle_batch(n / 16, reps);
     }
     if args.only_decode {
-        let src = random_u64(n, 1);
-        let mut dst = vec![1u64; n];
-        let copy = median_secs(reps, || (), |_| dst.copy_from_slice(&src));
-        row(
-            "bandwidth",
-            "copy 8-byte values (STREAM copy, warm)",
-            copy,
-            n,
-            copy,
-        );
+        let copy = copy_bandwidth(&random_u64(n, 1), reps);
         return decode_section(n, reps, copy);
     }
 
@@ -200,15 +191,7 @@ fn main() {
     // STREAM-like copy and gathers over the same 8-byte values. Outputs go
     // to warm buffers, as in an engine working batch by batch: a fresh
     // buffer per call would measure page faults, not the kernel.
-    let mut dst = vec![1u64; n];
-    let copy = median_secs(reps, || (), |_| dst.copy_from_slice(&keys));
-    row(
-        "bandwidth",
-        "copy 8-byte values (STREAM copy, warm)",
-        copy,
-        n,
-        copy,
-    );
+    let copy = copy_bandwidth(&keys, reps);
     let random_idx = random_indices(n, n, 2);
     let g = median_secs(
         reps,
@@ -564,4 +547,19 @@ fn decode_section(n: usize, reps: usize, copy: f64) {
         n as f64 / s4 / 1e9,
         n as f64 / s8 / 1e9
     );
+}
+
+/// Seconds (median) to copy `src` into a warm buffer, printed as the
+/// STREAM-like copy row the other rows compare with.
+fn copy_bandwidth(src: &[u64], reps: usize) -> f64 {
+    let mut dst = vec![1u64; src.len()];
+    let copy = median_secs(reps, || (), |_| dst.copy_from_slice(src));
+    row(
+        "bandwidth",
+        "copy 8-byte values (STREAM copy, warm)",
+        copy,
+        src.len(),
+        copy,
+    );
+    copy
 }
