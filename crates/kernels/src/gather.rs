@@ -15,13 +15,15 @@ use arrow::error::ArrowError;
 use crate::mem::{pooled_buffer, recycle, take_vec, take_vec_filled, Pod};
 
 /// How far ahead the gather loops prefetch.
-const PREFETCH_ROWS: usize = 16;
-/// Sources up to this size are assumed to sit in cache (L2 is 1 MiB per
-/// core on the machines we measure on).
-const CACHED_BYTES_MAX: usize = 1 << 20;
+pub(crate) const PREFETCH_ROWS: usize = 16;
+/// Sources up to this size are assumed to sit in L1 (32 KiB per core on
+/// the machines we measure on), where prefetching gains nothing.
+pub(crate) const L1_BYTES: usize = 32 << 10;
+/// Per-core L2 on the machines we measure on.
+pub(crate) const L2_BYTES: usize = 512 << 10;
 
 #[inline(always)]
-fn prefetch<T>(p: *const T) {
+pub(crate) fn prefetch<T>(p: *const T) {
     #[cfg(target_arch = "x86_64")]
     // SAFETY: prefetching is a hint; it never faults, whatever the address.
     unsafe {
@@ -41,8 +43,8 @@ pub fn gather_values<T: Pod>(values: &[T], indices: &[u32]) -> Vec<T> {
     let n = indices.len();
     let mut out = take_vec(n);
     let dst = &mut out.spare_capacity_mut()[..n];
-    // A source that stays in cache gains nothing from prefetching.
-    let prefetched = if std::mem::size_of_val(values) <= CACHED_BYTES_MAX {
+    // A source that stays in L1 gains nothing from prefetching.
+    let prefetched = if std::mem::size_of_val(values) <= L1_BYTES {
         0
     } else {
         n.saturating_sub(PREFETCH_ROWS)
@@ -182,9 +184,14 @@ pub fn gather_batch(batch: &RecordBatch, indices: &[u32]) -> Result<RecordBatch,
         .iter()
         .filter_map(|c| fixed_part_width(c.data_type()))
         .sum();
-    let by_rows = rows * row_bytes > CACHED_BYTES_MAX && !indices.is_empty();
+    let by_rows = rows * row_bytes > ROW_WISE_BYTES_MIN && !indices.is_empty();
     gather_batch_with(batch, indices, by_rows)
 }
+
+/// Batches whose fixed-width columns hold more than this many bytes (past
+/// the 512 KiB L2 of a core) are gathered row-wise: column-wise, each
+/// column's gather would miss on every row.
+const ROW_WISE_BYTES_MIN: usize = 1 << 20;
 
 /// Widest row the row-wise shuffle packs, in bytes: one cache line, so
 /// each gathered row costs one miss.

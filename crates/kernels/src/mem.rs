@@ -138,7 +138,7 @@ impl ScratchPool {
             // SAFETY: the allocation has T's alignment and a size that is a
             // multiple of T's, so it is exactly a Vec<T>'s of this capacity.
             Some(parked) => unsafe { parked.into_vec(0) },
-            None => huge_vec_with_capacity(n),
+            None => huge_vec_with_capacity(pooled_capacity::<T>(n)),
         }
     }
 
@@ -154,7 +154,11 @@ impl ScratchPool {
                 v.resize(n, T::default());
                 v
             }
-            None => huge_vec(n, T::default()),
+            None => {
+                let mut v = huge_vec_with_capacity(pooled_capacity::<T>(n));
+                v.resize(n, T::default());
+                v
+            }
         }
     }
 
@@ -232,6 +236,21 @@ impl Parked {
     }
 }
 
+/// Room for `n` values rounded up to a size class (steps of 1/8 of the
+/// power of two below, so at most 12.5% more), so that requests of nearly
+/// the same size, such as the byte buffers of successive decoded string
+/// batches, fit what the previous one parked instead of each missing the
+/// pool and faulting in fresh pages.
+fn pooled_capacity<T>(n: usize) -> usize {
+    let size = std::mem::size_of::<T>().max(1);
+    let bytes = n.saturating_mul(size);
+    if bytes < POOLED_BYTES_MIN {
+        return n;
+    }
+    let step = (1usize << bytes.ilog2()) / 8;
+    bytes.next_multiple_of(step).div_ceil(size)
+}
+
 fn pooled_bytes(parked: &[Parked]) -> usize {
     parked.iter().map(|p| p.bytes).sum()
 }
@@ -263,13 +282,6 @@ impl<T: Pod> std::panic::RefUnwindSafe for Recycled<T> {}
 pub fn huge_vec_with_capacity<T>(n: usize) -> Vec<T> {
     let v = Vec::with_capacity(n);
     advise_huge(v.as_ptr() as usize, n * std::mem::size_of::<T>());
-    v
-}
-
-/// `n` copies of `fill`, huge-page backed if large.
-pub fn huge_vec<T: Clone>(n: usize, fill: T) -> Vec<T> {
-    let mut v = huge_vec_with_capacity(n);
-    v.resize(n, fill);
     v
 }
 
@@ -341,5 +353,24 @@ mod tests {
         assert_eq!(pool.bytes(), HUGE_BYTES_MIN);
         pool.set_bytes_max(0);
         assert_eq!(pool.bytes(), 0);
+    }
+
+    #[test]
+    fn fresh_pooled_buffers_round_up_to_a_size_class() {
+        let pool: &'static ScratchPool = Box::leak(Box::new(ScratchPool::new()));
+        pool.set_bytes_max(64 * HUGE_BYTES_MIN);
+        for n in [POOLED_BYTES_MIN, POOLED_BYTES_MIN + 1, 1_000_003, 1 << 20] {
+            let v: Vec<u8> = pool.take_vec(n);
+            assert!(v.capacity() >= n, "room for {n}");
+            assert!(v.capacity() <= n + n / 8, "at most 1/8 more than {n}");
+        }
+        assert_eq!(pooled_capacity::<u64>(10), 10, "small requests are exact");
+        // A slightly larger request reuses what a slightly smaller one parked.
+        let first: Vec<u8> = pool.take_vec(1_000_000);
+        let ptr = first.as_ptr() as usize;
+        pool.recycle(first);
+        let second: Vec<u8> = pool.take_vec_filled(1_000_100);
+        assert_eq!(second.as_ptr() as usize, ptr);
+        assert_eq!(second.len(), 1_000_100);
     }
 }

@@ -613,6 +613,59 @@ fn dictionary_decode_matches_cast() {
     }
 }
 
+/// String decode over dictionaries large enough to take the prefetching
+/// and 32-byte-move paths, values at and past 32 bytes (the two-pass
+/// path), nulls on both sides, and sliced keys.
+#[test]
+fn string_decode_matches_cast_on_large_dictionaries() {
+    let mut rng = StdRng::seed_from_u64(47);
+    for entries in [1usize, 7, 300, 5000, 40_000] {
+        for longest in [0usize, 8, 32, 33, 100] {
+            let words: StringArray = (0..entries)
+                .map(|_| {
+                    let len = rng.random_range(0..=longest);
+                    rng.random_bool(0.95).then(|| {
+                        (0..len)
+                            .map(|_| rng.random_range(b'a'..=b'z') as char)
+                            .collect::<String>()
+                    })
+                })
+                .collect();
+            let words: ArrayRef = Arc::new(words);
+            for n in [0usize, 1, 51, 3000] {
+                let keys = Int32Array::from(
+                    (0..n + 3)
+                        .map(|_| {
+                            rng.random_bool(0.9)
+                                .then(|| rng.random_range(0..entries as i32))
+                        })
+                        .collect::<Vec<_>>(),
+                );
+                let no_nulls = Int32Array::from(keys.values().to_vec());
+                for keys in [keys, no_nulls] {
+                    let dict = DictionaryArray::new(keys, Arc::clone(&words)).slice(3, n);
+                    let got = dictionary_decode(&dict).unwrap();
+                    let want = arrow::compute::cast(&dict, &DataType::Utf8).unwrap();
+                    assert_eq!(
+                        got.as_string::<i32>().iter().collect::<Vec<_>>(),
+                        want.as_string::<i32>().iter().collect::<Vec<_>>(),
+                        "{entries} entries up to {longest} bytes, {n} rows"
+                    );
+                    // Fixed-width values from the same codes (the direct,
+                    // prefetching path when the keys have no nulls).
+                    let numbers: ArrayRef = Arc::new(Int64Array::from_iter_values(
+                        (0..entries as i64).map(|v| v * 3),
+                    ));
+                    let dict = DictionaryArray::new(dict.keys().clone(), numbers);
+                    let got = dictionary_decode(&dict).unwrap();
+                    let want = arrow::compute::cast(&dict, &DataType::Int64).unwrap();
+                    assert_eq!(got.as_ref(), want.as_ref(), "{entries} fixed-width entries");
+                }
+            }
+        }
+    }
+}
+
 #[test]
 fn kernels_reject_bad_input() {
     let err = argsort_columns::<u32>(&[], None, Parallelism(1)).unwrap_err();
