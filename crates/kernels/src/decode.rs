@@ -366,12 +366,7 @@ fn copy_short_values<O: ArrowNativeType + Pod>(
                 let code = *codes.get_unchecked(row) as usize;
                 let start = (*starts.add(code)).as_usize();
                 let len = (*starts.add(code + 1)).as_usize() - start;
-                if start + SHORT_VALUE_BYTES <= bytes.len() {
-                    let chunk = (src.add(start) as *const [u8; SHORT_VALUE_BYTES]).read_unaligned();
-                    (dst.add(at) as *mut [u8; SHORT_VALUE_BYTES]).write_unaligned(chunk);
-                } else {
-                    copy_near_end(src.add(start), dst.add(at), len);
-                }
+                copy_value(bytes, start, len, dst.add(at));
                 at += len;
             }
             out_offsets.add(row + 1).write(O::usize_as(at));
@@ -381,6 +376,22 @@ fn copy_short_values<O: ArrowNativeType + Pod>(
         offsets.set_len(n + 1);
     }
     (offsets, out)
+}
+
+/// Copies `bytes[start..start + len]` to `dst`: one 32-byte move when the
+/// value is short and 32 bytes are readable from `start`, else out of line.
+///
+/// # Safety
+/// `start + len <= bytes.len()`, and `dst` writable for `max(len, 32)`
+/// bytes that do not overlap `bytes`.
+#[inline(always)]
+unsafe fn copy_value(bytes: &[u8], start: usize, len: usize, dst: *mut u8) {
+    if len <= SHORT_VALUE_BYTES && start + SHORT_VALUE_BYTES <= bytes.len() {
+        let chunk = (bytes.as_ptr().add(start) as *const [u8; SHORT_VALUE_BYTES]).read_unaligned();
+        (dst as *mut [u8; SHORT_VALUE_BYTES]).write_unaligned(chunk);
+    } else {
+        copy_near_end(bytes.as_ptr().add(start), dst, len);
+    }
 }
 
 /// The rare copy of a value too long, or too near the end of the
@@ -414,21 +425,10 @@ fn copy_values(
             continue;
         }
         let (start, len) = span(code);
-        let src = &bytes[start..start + len]; // bounds-checked
-                                              // SAFETY: `at + len <= total` (the offsets pass summed the same
-                                              // lengths) and capacity is `total + 32`, so the 32-byte store stays
-                                              // inside the allocation; the source read is checked to be in bounds.
-        unsafe {
-            if len <= SHORT_VALUE_BYTES && start + SHORT_VALUE_BYTES <= bytes.len() {
-                let chunk = bytes.as_ptr().add(start) as *const [u8; SHORT_VALUE_BYTES];
-                std::ptr::write_unaligned(
-                    dst.add(at) as *mut [u8; SHORT_VALUE_BYTES],
-                    chunk.read_unaligned(),
-                );
-            } else {
-                copy_near_end(src.as_ptr(), dst.add(at), len);
-            }
-        }
+        assert!(start + len <= bytes.len(), "value inside the dictionary");
+        // SAFETY: `at + len <= total` (the offsets pass summed the same
+        // lengths) and capacity is `total + 32`; the source was checked.
+        unsafe { copy_value(bytes, start, len, dst.add(at)) };
         at += len;
     }
     assert_eq!(at, total, "copied bytes match the offsets");
