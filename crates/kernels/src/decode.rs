@@ -257,12 +257,20 @@ where
         (start, value_offsets[code + 1].as_usize() - start)
     };
     let is_valid = |row: usize| nulls.as_ref().is_none_or(|n| n.is_valid(row));
-    let longest = value_offsets
-        .iter()
-        .zip(value_offsets.iter().skip(1))
-        .map(|(a, b)| b.as_usize().wrapping_sub(a.as_usize()))
-        .max()
-        .unwrap_or(0);
+    // Finding the longest value reads the whole dictionary, so it is only
+    // worth it when the dictionary is not much larger than the batch (a
+    // Parquet column chunk's dictionary may be far larger than a batch).
+    let entries = value_offsets.len().saturating_sub(1);
+    let longest = if entries <= DICTIONARY_SCAN_ENTRIES_PER_ROW * codes.len() {
+        value_offsets
+            .iter()
+            .zip(value_offsets.iter().skip(1))
+            .map(|(a, b)| b.as_usize().wrapping_sub(a.as_usize()))
+            .max()
+            .unwrap_or(0)
+    } else {
+        usize::MAX
+    };
     let fits_offsets = codes
         .len()
         .checked_mul(longest)
@@ -305,6 +313,10 @@ where
         unsafe { GenericByteArray::<T>::new_unchecked(offsets, pooled_buffer(out_bytes), nulls) };
     Ok(Arc::new(out))
 }
+
+/// The one-pass string path scans the dictionary for its longest value
+/// only if it has at most this many entries per row being decoded.
+const DICTIONARY_SCAN_ENTRIES_PER_ROW: usize = 4;
 
 /// How far ahead the short-string path prefetches a code's offsets (and
 /// half as far its bytes).
