@@ -23,7 +23,7 @@ use arrow::datatypes::{
 use arrow::downcast_dictionary_array;
 use arrow::error::ArrowError;
 
-use crate::gather::{gather_values, prefetch, L1_BYTES, L2_BYTES, PREFETCH_ROWS};
+use crate::gather::{gather_values, prefetch, prefetch_pays, PREFETCH_ROWS};
 use crate::mem::{pooled_buffer, recycle, take_vec, Pod};
 
 /// Decodes a dictionary array into a plain array of its value type.
@@ -153,13 +153,11 @@ fn decode_fixed_direct<N: ArrowNativeType>(
         let mut out_of_range = false;
         let dst = &mut out.spare_capacity_mut()[..n];
         // Dictionaries that crowd L2 miss on most rows: prefetch ahead so
-        // the misses overlap. sortbench, 64Ki entries: 8-byte values (512
-        // KiB) 0.61 -> 0.73-0.83 G/s with it; 4-byte values (256 KiB)
-        // 0.8-1.0 -> 0.57-0.82 G/s, so below half of L2 it stays off.
-        let prefetched = if std::mem::size_of_val(values) <= L2_BYTES / 2 {
-            0
-        } else {
+        // the misses overlap.
+        let prefetched = if prefetch_pays(std::mem::size_of_val(values)) {
             n.saturating_sub(PREFETCH_ROWS)
+        } else {
+            0
         };
         let base = values.as_ptr();
         let mut gather = |i: usize| {
@@ -240,7 +238,8 @@ fn decode_fixed(
 }
 
 /// Variable-length values through the (offset, length) the dictionary's
-/// offsets give each code.
+/// offsets give each code: in one pass when every value is short, else
+/// in two (lengths, then bytes).
 fn decode_bytes<T: ByteArrayType>(
     values: &GenericByteArray<T>,
     codes: &[u32],
@@ -251,42 +250,60 @@ where
 {
     let bytes = values.value_data();
     let value_offsets = values.value_offsets();
+    let is_valid = |row: usize| nulls.as_ref().is_none_or(|n| n.is_valid(row));
+    let one_pass = longest_short_value(value_offsets, codes.len()).filter(|&longest| {
+        let most = codes.len().checked_mul(longest);
+        most.is_some_and(|b| T::Offset::from_usize(b).is_some())
+    });
+    let (out_offsets, out_bytes) = match (one_pass, &nulls) {
+        (Some(longest), None) => copy_short_values(bytes, value_offsets, codes, |_| true, longest),
+        (Some(longest), Some(_)) => {
+            copy_short_values(bytes, value_offsets, codes, is_valid, longest)
+        }
+        (None, None) => copy_in_two_passes::<T>(bytes, value_offsets, codes, |_| true)?,
+        (None, Some(_)) => copy_in_two_passes::<T>(bytes, value_offsets, codes, is_valid)?,
+    };
+    let offsets = OffsetBuffer::new(ScalarBuffer::from(pooled_buffer(out_offsets)));
+    // SAFETY: each row's bytes are one whole value of `values` (valid for
+    // T, UTF-8 included) and the offsets are their running sum.
+    let out =
+        unsafe { GenericByteArray::<T>::new_unchecked(offsets, pooled_buffer(out_bytes), nulls) };
+    Ok(Arc::new(out))
+}
+
+/// The dictionary's longest value if it is at most [`SHORT_VALUE_BYTES`].
+/// Finding it reads the whole dictionary, so only dictionaries of at most
+/// [`DICTIONARY_SCAN_ENTRIES_PER_ROW`] entries per decoded row are read (a
+/// Parquet column chunk's dictionary may be far larger than a batch).
+fn longest_short_value<O: ArrowNativeType>(value_offsets: &[O], rows: usize) -> Option<usize> {
+    let entries = value_offsets.len().saturating_sub(1);
+    if entries > DICTIONARY_SCAN_ENTRIES_PER_ROW * rows {
+        return None;
+    }
+    let longest = value_offsets
+        .iter()
+        .zip(value_offsets.iter().skip(1))
+        .map(|(a, b)| b.as_usize().wrapping_sub(a.as_usize()))
+        .max()
+        .unwrap_or(0);
+    (longest <= SHORT_VALUE_BYTES).then_some(longest)
+}
+
+/// Offsets first (the running sum of the rows' lengths), then the bytes.
+fn copy_in_two_passes<T: ByteArrayType>(
+    bytes: &[u8],
+    value_offsets: &[T::Offset],
+    codes: &[u32],
+    is_valid: impl Fn(usize) -> bool,
+) -> Result<(Vec<T::Offset>, Vec<u8>), ArrowError>
+where
+    T::Offset: Pod,
+{
     let span = |code: u32| {
         let code = code as usize;
         let start = value_offsets[code].as_usize();
         (start, value_offsets[code + 1].as_usize() - start)
     };
-    let is_valid = |row: usize| nulls.as_ref().is_none_or(|n| n.is_valid(row));
-    // Finding the longest value reads the whole dictionary, so it is only
-    // worth it when the dictionary is not much larger than the batch (a
-    // Parquet column chunk's dictionary may be far larger than a batch).
-    let entries = value_offsets.len().saturating_sub(1);
-    let longest = if entries <= DICTIONARY_SCAN_ENTRIES_PER_ROW * codes.len() {
-        value_offsets
-            .iter()
-            .zip(value_offsets.iter().skip(1))
-            .map(|(a, b)| b.as_usize().wrapping_sub(a.as_usize()))
-            .max()
-            .unwrap_or(0)
-    } else {
-        usize::MAX
-    };
-    let fits_offsets = codes
-        .len()
-        .checked_mul(longest)
-        .is_some_and(|b| T::Offset::from_usize(b).is_some());
-    if longest <= SHORT_VALUE_BYTES && fits_offsets {
-        let (out_offsets, out_bytes) = match &nulls {
-            None => copy_short_values(bytes, value_offsets, codes, |_| true, longest),
-            Some(_) => copy_short_values(bytes, value_offsets, codes, is_valid, longest),
-        };
-        let offsets = OffsetBuffer::new(ScalarBuffer::from(pooled_buffer(out_offsets)));
-        // SAFETY: as below.
-        let out = unsafe {
-            GenericByteArray::<T>::new_unchecked(offsets, pooled_buffer(out_bytes), nulls)
-        };
-        return Ok(Arc::new(out));
-    }
     let mut out_offsets: Vec<T::Offset> = take_vec(codes.len() + 1);
     let mut total = 0usize;
     out_offsets.push(T::Offset::usize_as(0));
@@ -302,16 +319,8 @@ where
             T::DATA_TYPE
         )));
     }
-    let out_bytes = match &nulls {
-        None => copy_values(bytes, span, codes, |_| true, total),
-        Some(_) => copy_values(bytes, span, codes, is_valid, total),
-    };
-    let offsets = OffsetBuffer::new(ScalarBuffer::from(pooled_buffer(out_offsets)));
-    // SAFETY: each row's bytes are one whole value of `values` (valid for
-    // T, UTF-8 included) and the offsets are their running sum.
-    let out =
-        unsafe { GenericByteArray::<T>::new_unchecked(offsets, pooled_buffer(out_bytes), nulls) };
-    Ok(Arc::new(out))
+    let out_bytes = copy_values(bytes, span, codes, is_valid, total);
+    Ok((out_offsets, out_bytes))
 }
 
 /// The one-pass string path scans the dictionary for its longest value
@@ -330,8 +339,8 @@ const SHORT_VALUE_BYTES: usize = 32;
 /// row, so offsets and bytes are written together and each code's
 /// dictionary entry is looked up once (the two-pass path looks up every
 /// code twice, and with 64Ki-entry dictionaries both lookups miss L1).
-/// Dictionaries past L1 are prefetched: the offset two steps ahead, the
-/// bytes one step ahead.
+/// Dictionaries that crowd L2 are prefetched: the offset two steps ahead,
+/// the bytes one step ahead.
 fn copy_short_values<O: ArrowNativeType + Pod>(
     bytes: &[u8],
     value_offsets: &[O],
@@ -349,10 +358,10 @@ fn copy_short_values<O: ArrowNativeType + Pod>(
     let starts = value_offsets.as_ptr();
     let mut at = 0usize;
     let dictionary_bytes = std::mem::size_of_val(value_offsets) + bytes.len();
-    let prefetched = if dictionary_bytes <= L1_BYTES {
-        0
-    } else {
+    let prefetched = if prefetch_pays(dictionary_bytes) {
         n.saturating_sub(STRING_PREFETCH_ROWS)
+    } else {
+        0
     };
     // SAFETY (whole loop): the caller checked every code against the
     // dictionary (`codes_in_range`; null rows carry code 0 and are skipped

@@ -632,7 +632,7 @@ fn string_decode_matches_cast_on_large_dictionaries() {
                 })
                 .collect();
             let words: ArrayRef = Arc::new(words);
-            for n in [0usize, 1, 51, 3000] {
+            for n in [0usize, 1, 51, 3000, 20_000] {
                 let keys = Int32Array::from(
                     (0..n + 3)
                         .map(|_| {
