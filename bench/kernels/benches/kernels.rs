@@ -155,6 +155,21 @@ fn gathers(c: &mut Criterion) {
     g.bench_function("batch (u64 + dictionary)", |b| {
         b.iter(|| gather_batch(&batch, &batch_idx).unwrap())
     });
+    // The same rows held as 8192-row batches, gathered 8192 rows at a time
+    // as a device sort streams its output.
+    let pieces: Vec<RecordBatch> = (0..ROWS)
+        .step_by(8192)
+        .map(|at| batch.slice(at, 8192.min(ROWS - at)))
+        .collect();
+    g.bench_function("gather source (u64 + dictionary), 8192-row chunks", |b| {
+        b.iter(|| {
+            let source = GatherSource::new(batch.schema(), &pieces).unwrap();
+            batch_idx
+                .chunks(8192)
+                .map(|c| source.gather(c).unwrap().num_rows())
+                .sum::<usize>()
+        })
+    });
     g.finish();
 }
 

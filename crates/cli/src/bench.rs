@@ -550,9 +550,10 @@ pub async fn sql(a: SqlBenchArgs) -> Result<(), String> {
     }
     let pushdown = a.pushdown == crate::OnOff::On;
     let host = crate::session::open_host(&a.device, a.link, pushdown).await?;
-    let warm = host.sql(&a.query).await.map_err(|e| e.to_string())?;
+    // Only the statistics are kept: a result held on to would make the
+    // next run allocate its own afresh.
+    let mut last = host.sql(&a.query).await.map_err(|e| e.to_string())?.stats;
     let mut runs = Vec::with_capacity(a.runs);
-    let mut last = warm.stats;
     for _ in 0..a.runs {
         let outcome = host.sql(&a.query).await.map_err(|e| e.to_string())?;
         runs.push(outcome.stats.wall_secs);

@@ -69,14 +69,23 @@ pub const BATCH_ROWS_MAX: usize = 8192;
 /// page zeroing than the sort itself).
 pub const SCRATCH_POOL_SHARE_OF_BUDGET: usize = 8;
 
-/// Lets the kernels' process-wide scratch pool retain up to
-/// 1/`SCRATCH_POOL_SHARE_OF_BUDGET` of this device's budget (the largest
-/// such share among the devices of the process).
-fn retain_kernel_scratch(mem_bytes_max: usize) {
+/// The scratch shares of the devices alive in this process, in bytes.
+static LIVE_SCRATCH_SHARES: std::sync::Mutex<usize> = std::sync::Mutex::new(0);
+
+/// Lets the kernels' process-wide scratch pool retain
+/// 1/`SCRATCH_POOL_SHARE_OF_BUDGET` of each live device's budget (devices
+/// embedded in one process share the pool); `+ 1` for a device starting,
+/// `- 1` for one stopping.
+fn retain_kernel_scratch(mem_bytes_max: usize, sign: isize) {
     let share = mem_bytes_max / SCRATCH_POOL_SHARE_OF_BUDGET;
-    if share > insitu_kernels::mem::scratch_pool_bytes_max() {
-        insitu_kernels::mem::set_scratch_pool_bytes_max(share);
-    }
+    let mut total = LIVE_SCRATCH_SHARES
+        .lock()
+        .unwrap_or_else(|e| e.into_inner());
+    *total = match sign {
+        1 => *total + share,
+        _ => total.saturating_sub(share),
+    };
+    insitu_kernels::mem::set_scratch_pool_bytes_max(*total);
 }
 
 /// Rows per batch for a memory budget: [`BATCH_ROWS_MAX`], or fewer under
@@ -189,6 +198,7 @@ impl Drop for Device {
         if let Some(rt) = self.runtime.take() {
             rt.shutdown_background();
         }
+        retain_kernel_scratch(self.config.mem_bytes_max, -1);
     }
 }
 
@@ -227,7 +237,6 @@ impl Device {
         let id = config.id;
         let internal = |e: String| DeviceError::new(id, DeviceErrorKind::Execution, e);
         let threads = config.threads.max(1);
-        retain_kernel_scratch(config.mem_bytes_max);
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(threads)
             .thread_name(format!("insitu-dev{id}"))
@@ -259,6 +268,8 @@ impl Device {
         parquet.pushdown_filters = config.late_materialization;
         parquet.reorder_filters = true;
         let ctx = SessionContext::new_with_config_rt(session, runtime_env);
+        // Undone when the device drops.
+        retain_kernel_scratch(config.mem_bytes_max, 1);
         Ok(Arc::new(Self {
             config,
             dir: dir.to_path_buf(),

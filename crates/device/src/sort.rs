@@ -22,8 +22,8 @@ use std::fmt;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use arrow::array::RecordBatch;
-use arrow::compute::{concat_batches, SortColumn};
+use arrow::array::{new_empty_array, Array, RecordBatch};
+use arrow::compute::{concat, SortColumn};
 use arrow::datatypes::SchemaRef;
 use datafusion::common::tree_node::{Transformed, TreeNode, TreeNodeRecursion};
 use datafusion::common::{internal_err, DataFusionError, Result};
@@ -42,7 +42,7 @@ use datafusion::physical_plan::{
     PlanProperties,
 };
 use futures::StreamExt;
-use insitu_kernels::{argsort_columns, gather_batch, Parallelism};
+use insitu_kernels::{argsort_columns, GatherSource, Parallelism};
 
 use crate::hybrid_sort::hybrid_sort_for;
 use crate::spill::{merge_runs, reduce_runs, rows_within, KeyEncoder, SpillRuns};
@@ -342,18 +342,9 @@ impl SortJob {
         match spill {
             None => {
                 let worker = Arc::clone(&self);
-                let sorted =
-                    tokio::task::spawn_blocking(move || worker.sorted(buffered, worker.fetch))
-                        .await
-                        .map_err(|e| {
-                            DataFusionError::Execution(format!("sort worker failed: {e}"))
-                        })??;
-                for batch in self.split(&sorted) {
-                    if tx.send(Ok(batch)).await.is_err() {
-                        break; // the stage was cancelled
-                    }
-                }
-                Ok(())
+                tokio::task::spawn_blocking(move || worker.send_sorted(buffered, &tx))
+                    .await
+                    .map_err(|e| DataFusionError::Execution(format!("sort worker failed: {e}")))?
             }
             Some(runs) => {
                 let runs = match buffered.is_empty() {
@@ -444,38 +435,66 @@ impl SortJob {
         .map_err(|e| DataFusionError::Execution(format!("merge worker failed: {e}")))?
     }
 
-    /// Concatenates `batches` and returns them sorted (first `limit` rows).
+    /// `batches` sorted (first `limit` rows), as one batch.
     fn sorted(&self, batches: Vec<RecordBatch>, limit: Option<usize>) -> Result<RecordBatch> {
+        let (source, order) = self.sort_order(batches, limit)?;
         let _timer = self.metrics.elapsed_compute().timer();
-        let all = concat_batches(&self.schema, &batches)?;
-        drop(batches);
-        if all.num_rows() == 0 {
-            return Ok(all);
+        Ok(source.gather(&order)?)
+    }
+
+    /// Sorts `batches` and sends them through `tx` a batch of `batch_rows`
+    /// at a time, each gathered just before it is sent: no sorted copy of
+    /// the whole input is ever built, and the consumer works on the first
+    /// batches while later ones are gathered.
+    fn send_sorted(&self, batches: Vec<RecordBatch>, tx: &Sender) -> Result<()> {
+        let (source, order) = self.sort_order(batches, self.fetch)?;
+        for chunk in order.chunks(self.batch_rows.max(1)) {
+            let batch = {
+                let _timer = self.metrics.elapsed_compute().timer();
+                source.gather(chunk)?
+            };
+            self.metrics.record_output(batch.num_rows());
+            if tx.blocking_send(Ok(batch)).is_err() {
+                break; // the stage was cancelled
+            }
         }
+        Ok(())
+    }
+
+    /// The batches prepared for gathering, and the order of their rows
+    /// (the first `limit` only).
+    fn sort_order(
+        &self,
+        batches: Vec<RecordBatch>,
+        limit: Option<usize>,
+    ) -> Result<(GatherSource, Vec<u32>)> {
+        let _timer = self.metrics.elapsed_compute().timer();
         let columns = self
             .ordering
             .iter()
             .map(|e| {
+                let parts = batches
+                    .iter()
+                    .map(|b| e.expr.evaluate(b)?.into_array(b.num_rows()))
+                    .collect::<Result<Vec<_>>>()?;
+                let parts: Vec<&dyn Array> = parts.iter().map(|a| a.as_ref()).collect();
+                let values = match parts.is_empty() {
+                    true => new_empty_array(&e.expr.data_type(&self.schema)?),
+                    false => concat(&parts)?,
+                };
                 Ok(SortColumn {
-                    values: e.expr.evaluate(&all)?.into_array(all.num_rows())?,
+                    values,
                     options: Some(e.options),
                 })
             })
             .collect::<Result<Vec<_>>>()?;
-        let order: Vec<u32> = argsort_columns(&columns, limit, Parallelism(self.threads))?;
-        Ok(gather_batch(&all, &order)?)
-    }
-
-    /// Cuts the sorted rows into output batches.
-    fn split(&self, sorted: &RecordBatch) -> Vec<RecordBatch> {
-        let n = sorted.num_rows();
-        let step = self.batch_rows.max(1);
-        let out: Vec<RecordBatch> = (0..n)
-            .step_by(step)
-            .map(|at| sorted.slice(at, step.min(n - at)))
-            .collect();
-        self.metrics.record_output(n);
-        out
+        let source = GatherSource::new(Arc::clone(&self.schema), &batches)?;
+        drop(batches);
+        let order: Vec<u32> = match source.num_rows() {
+            0 => vec![],
+            _ => argsort_columns(&columns, limit, Parallelism(self.threads))?,
+        };
+        Ok((source, order))
     }
 }
 
@@ -483,7 +502,7 @@ impl SortJob {
 mod tests {
     use super::*;
     use arrow::array::{ArrayRef, Float64Array, Int64Array, StringArray};
-    use arrow::compute::SortOptions;
+    use arrow::compute::{concat_batches, SortOptions};
     use arrow::datatypes::{DataType, Field, Schema};
     use datafusion::datasource::memory::MemorySourceConfig;
     use datafusion::physical_expr::expressions::col;

@@ -129,7 +129,7 @@ pub fn gather(values: &dyn Array, indices: &[u32]) -> Result<ArrayRef, ArrowErro
 }
 
 /// [`gather`] of indices already checked to be in range.
-fn gather_in_range(values: &dyn Array, indices: &[u32]) -> Result<ArrayRef, ArrowError> {
+pub(crate) fn gather_in_range(values: &dyn Array, indices: &[u32]) -> Result<ArrayRef, ArrowError> {
     let data = values.to_data();
     let width = match values.data_type() {
         dt if dt.is_primitive() && !matches!(dt, DataType::Boolean) => dt.primitive_width(),
@@ -246,7 +246,7 @@ pub fn gather_batch_with(
 }
 
 /// The validity of the gathered rows; `None` when no row is null.
-fn gather_nulls(nulls: Option<&NullBuffer>, indices: &[u32]) -> Option<NullBuffer> {
+pub(crate) fn gather_nulls(nulls: Option<&NullBuffer>, indices: &[u32]) -> Option<NullBuffer> {
     nulls.filter(|n| n.null_count() > 0).map(|n| {
         NullBuffer::new(BooleanBuffer::collect_bool(indices.len(), |i| {
             n.is_valid(indices[i] as usize)
@@ -254,7 +254,7 @@ fn gather_nulls(nulls: Option<&NullBuffer>, indices: &[u32]) -> Option<NullBuffe
     })
 }
 
-fn check_indices(indices: &[u32], len: usize) -> Result<(), ArrowError> {
+pub(crate) fn check_indices(indices: &[u32], len: usize) -> Result<(), ArrowError> {
     match indices.iter().find(|&&i| i as usize >= len) {
         Some(bad) => Err(ArrowError::InvalidArgumentError(format!(
             "gather index {bad} out of range for {len} rows"
@@ -277,7 +277,7 @@ fn fixed_part_width(dt: &DataType) -> Option<usize> {
 
 /// Packs `(column, width)` pairs into groups of at most
 /// [`ROW_GROUP_BYTES_MAX`] bytes, widest first (first-fit decreasing).
-fn row_groups(mut fixed: Vec<(usize, usize)>) -> Vec<Vec<(usize, usize)>> {
+pub(crate) fn row_groups(mut fixed: Vec<(usize, usize)>) -> Vec<Vec<(usize, usize)>> {
     fixed.sort_by_key(|&(i, w)| (std::cmp::Reverse(w), i));
     let mut groups: Vec<(usize, Vec<(usize, usize)>)> = vec![];
     for (i, w) in fixed {
@@ -312,12 +312,30 @@ fn gather_row_group(
         .zip(widths)
         .map(|(d, &w)| fixed_part_bytes(d, w))
         .collect();
-    let row_width: usize = widths.iter().sum();
     let offsets: Vec<usize> = widths
         .iter()
         .scan(0, |at, w| Some(std::mem::replace(at, *at + w)))
         .collect();
     let rows = pack_rows(&sources, widths, &offsets, data[0].len());
+    let outputs = gather_packed(&rows, widths, indices);
+    recycle(rows);
+    let n = indices.len();
+    data.iter()
+        .zip(outputs)
+        .zip(widths)
+        .map(|((d, out), w)| rebuild(d, pooled_buffer(out).slice_with_length(0, n * w), indices))
+        .collect()
+}
+
+/// Gathers packed rows (members `widths` bytes wide, in row order) by
+/// `indices` (in range) and unpacks them into one buffer per member, a
+/// block of rows at a time.
+pub(crate) fn gather_packed(rows: &[u8], widths: &[usize], indices: &[u32]) -> Vec<Vec<u128>> {
+    let row_width: usize = widths.iter().sum();
+    let offsets: Vec<usize> = widths
+        .iter()
+        .scan(0, |at, w| Some(std::mem::replace(at, *at + w)))
+        .collect();
     let n = indices.len();
     let mut outputs: Vec<Vec<u128>> = widths
         .iter()
@@ -327,23 +345,18 @@ fn gather_row_group(
     let mut block: Vec<u8> = take_vec_filled(block_rows * row_width);
     for (b, chunk) in indices.chunks(block_rows).enumerate() {
         let gathered = &mut block[..chunk.len() * row_width];
-        gather_rows_into(&rows, row_width, chunk, gathered);
+        gather_rows_into(rows, row_width, chunk, gathered);
         for ((out, &w), &offset) in outputs.iter_mut().zip(widths).zip(&offsets) {
             let dst = &mut as_bytes_mut(out)[b * block_rows * w..][..chunk.len() * w];
             unpack_column(gathered, row_width, offset, w, dst);
         }
     }
     recycle(block);
-    recycle(rows);
-    data.iter()
-        .zip(outputs)
-        .zip(widths)
-        .map(|((d, out), w)| rebuild(d, pooled_buffer(out).slice_with_length(0, n * w), indices))
-        .collect()
+    outputs
 }
 
 /// The bytes of `data`'s `w`-byte per-row values (buffer 0, offset applied).
-fn fixed_part_bytes(data: &ArrayData, w: usize) -> &[u8] {
+pub(crate) fn fixed_part_bytes(data: &ArrayData, w: usize) -> &[u8] {
     &data.buffers()[0].as_slice()[data.offset() * w..(data.offset() + data.len()) * w]
 }
 
@@ -369,7 +382,13 @@ fn pack_rows(sources: &[&[u8]], widths: &[usize], offsets: &[usize], len: usize)
 /// stride known at compile time: one shared copy with both strides at run
 /// time made the shuffle 1.39 s instead of 0.97 s (`sortbench
 /// --only-shuffle`, 6.25M rows x 16 columns).
-fn pack_column(values: &[u8], rows: &mut [u8], row_width: usize, offset: usize, w: usize) {
+pub(crate) fn pack_column(
+    values: &[u8],
+    rows: &mut [u8],
+    row_width: usize,
+    offset: usize,
+    w: usize,
+) {
     fn pack<const W: usize>(values: &[u8], rows: &mut [u8], row_width: usize, offset: usize) {
         let (values, _) = values.as_chunks::<W>();
         for (v, row) in values.iter().zip(rows.chunks_exact_mut(row_width)) {

@@ -14,12 +14,14 @@
 //! | [`argsort_columns`] | several key columns -> sorted row indices (row keys + radix) |
 //! | [`dictionary_ranks`], [`sort_dictionary`] | generic sort of dictionary-encoded keys |
 //! | [`gather`], [`gather_batch`], [`gather_rows`], [`gather_rows_into`], [`gather_values`] | shuffle by indices |
+//! | [`GatherSource`] | shuffle of many batches by global indices, a chunk at a time |
 //! | [`dictionary_decode`] | dictionary codes -> plain values |
 
 mod argsort;
 mod decode;
 mod dictionary;
 mod gather;
+mod gather_source;
 pub mod mem;
 pub mod radix;
 mod rows;
@@ -33,5 +35,6 @@ pub use gather::{
     gather, gather_batch, gather_batch_with, gather_rows, gather_rows_into, gather_values,
     ROW_GROUP_BYTES_MAX,
 };
+pub use gather_source::GatherSource;
 pub use radix::SortIndex;
 pub use rows::argsort_columns;

@@ -530,6 +530,59 @@ fn gather_matches_take() {
     }
 }
 
+/// Cuts `batch` into pieces of random sizes, empty ones included.
+fn random_pieces(rng: &mut StdRng, batch: &RecordBatch) -> Vec<RecordBatch> {
+    let mut pieces = vec![];
+    let mut at = 0;
+    while at < batch.num_rows() || pieces.len() < 2 {
+        let len = rng.random_range(0..=(batch.num_rows() - at).min(300));
+        pieces.push(batch.slice(at, len));
+        at += len;
+    }
+    pieces
+}
+
+#[test]
+fn gather_source_matches_take() {
+    let mut rng = StdRng::seed_from_u64(47);
+    for n in SIZES {
+        let arrays = random_arrays(&mut rng, n);
+        let batch = batch_for_gather(&mut rng, &arrays);
+        let pieces = random_pieces(&mut rng, &batch);
+        let source = GatherSource::new(batch.schema(), &pieces).unwrap();
+        assert_eq!(source.num_rows(), n);
+        let m = if n == 0 {
+            0
+        } else {
+            rng.random_range(0..2 * n)
+        };
+        let idx: Vec<u32> = (0..m).map(|_| rng.random_range(0..n as u32)).collect();
+        // Gathered a chunk at a time, as a sort streams its output.
+        for chunk in idx.chunks(rng.random_range(1..=m.max(1))) {
+            let got = source.gather(chunk).unwrap();
+            assert_eq!(got.num_rows(), chunk.len());
+            for (c, column) in batch.columns().iter().enumerate() {
+                let want =
+                    arrow::compute::take(column.as_ref(), &UInt32Array::from(chunk.to_vec()), None)
+                        .unwrap();
+                let got = got.column(c);
+                got.to_data().validate_full().unwrap();
+                assert_eq!(got.as_ref(), want.as_ref(), "column {c} n={n}");
+            }
+        }
+        if n > 0 {
+            let err = source.gather(&[n as u32]).err().unwrap();
+            assert!(err.to_string().contains("out of range"), "{err}");
+        }
+    }
+    let arrays = random_arrays(&mut rng, 3);
+    let a = batch_for_gather(&mut rng, &arrays);
+    let other = Schema::new(vec![Field::new("x", DataType::Int8, true)]);
+    let b = RecordBatch::new_empty(Arc::new(other));
+    let err = GatherSource::new(a.schema(), &[a, b]).err().unwrap();
+    assert!(err.to_string().contains("expected"), "{err}");
+}
+
 #[test]
 fn dictionary_decode_matches_cast() {
     let mut rng = StdRng::seed_from_u64(46);
