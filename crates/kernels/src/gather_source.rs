@@ -76,16 +76,20 @@ enum ColumnSource {
 }
 
 impl GatherSource {
-    /// Packs `batches` (all of schema `schema`) for gathering.
+    /// Packs `batches` (all with the column types of `schema`) for
+    /// gathering; the gathered batches have `schema`.
     pub fn new(schema: SchemaRef, batches: &[RecordBatch]) -> Result<Self, ArrowError> {
+        let types = |s: &SchemaRef| -> Vec<DataType> {
+            s.fields().iter().map(|f| f.data_type().clone()).collect()
+        };
         if let Some(b) = batches
             .iter()
-            .find(|b| b.schema().fields() != schema.fields())
+            .find(|b| types(&b.schema()) != types(&schema))
         {
             return Err(ArrowError::SchemaError(format!(
-                "gather source batch has schema {:?}, expected {:?}",
-                b.schema(),
-                schema
+                "gather source batch has column types {:?}, expected {:?}",
+                types(&b.schema()),
+                types(&schema)
             )));
         }
         let rows: usize = batches.iter().map(|b| b.num_rows()).sum();
