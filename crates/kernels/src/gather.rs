@@ -312,10 +312,7 @@ fn gather_row_group(
         .zip(widths)
         .map(|(d, &w)| fixed_part_bytes(d, w))
         .collect();
-    let offsets: Vec<usize> = widths
-        .iter()
-        .scan(0, |at, w| Some(std::mem::replace(at, *at + w)))
-        .collect();
+    let offsets = member_offsets(widths);
     let rows = pack_rows(&sources, widths, &offsets, data[0].len());
     let outputs = gather_packed(&rows, widths, indices);
     recycle(rows);
@@ -327,15 +324,19 @@ fn gather_row_group(
         .collect()
 }
 
+/// Where each member of a row starts: the running sum of the widths.
+fn member_offsets(widths: &[usize]) -> Vec<usize> {
+    (widths.iter())
+        .scan(0, |at, w| Some(std::mem::replace(at, *at + w)))
+        .collect()
+}
+
 /// Gathers packed rows (members `widths` bytes wide, in row order) by
 /// `indices` (in range) and unpacks them into one buffer per member, a
 /// block of rows at a time.
 pub(crate) fn gather_packed(rows: &[u8], widths: &[usize], indices: &[u32]) -> Vec<Vec<u128>> {
     let row_width: usize = widths.iter().sum();
-    let offsets: Vec<usize> = widths
-        .iter()
-        .scan(0, |at, w| Some(std::mem::replace(at, *at + w)))
-        .collect();
+    let offsets = member_offsets(widths);
     let n = indices.len();
     let mut outputs: Vec<Vec<u128>> = widths
         .iter()
