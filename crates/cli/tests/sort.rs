@@ -312,7 +312,7 @@ async fn sorts_and_top_k_run_in_the_stage_and_the_host_merges() {
         }
     };
     let full = plan("SELECT id, s FROM sortdata ORDER BY s DESC, id").await;
-    assert!(full.contains("SortPreservingMergeExec"), "{full}");
+    assert!(full.contains("DeviceMergeExec"), "{full}");
     assert!(
         full.contains("stage=[SortExec: expr=[s@1 DESC, id@0 ASC NULLS LAST]"),
         "{full}"

@@ -15,7 +15,8 @@
 //! Folded: a partial aggregate (and the filters, projections and
 //! repartitions between it and the device scan), filters/projections
 //! directly above a device scan, and sorts (with their top-k fetch)
-//! directly above a device scan, merged on the host (see [`fold_sort`]). Repartitions are dropped: a device spreads
+//! directly above a device scan, merged on the host by a [`DeviceMergeExec`]
+//! (see [`fold_sort`] and [`device_merge`]). Repartitions are dropped: a device spreads
 //! its own work over its threads. A fold happens only if the grown stage
 //! encodes and decodes and every device holding the table advertises the
 //! operators it adds, so a device never receives a plan it cannot run.
@@ -41,6 +42,7 @@ use insitu_stage::{decode_stage_unbound, encode_stage};
 use insitu_wire::Operator;
 
 use crate::catalog::supported_by_all;
+use crate::merge::DeviceMergeExec;
 use crate::scan::DeviceScanExec;
 
 #[derive(Debug, Default)]
@@ -72,6 +74,9 @@ fn is_row_local(node: &Arc<dyn ExecutionPlan>) -> bool {
 fn fold(node: Arc<dyn ExecutionPlan>) -> Transformed<Arc<dyn ExecutionPlan>> {
     if let Some(folded) = fold_sort(&node) {
         return Transformed::yes(folded);
+    }
+    if let Some(merge) = device_merge(&node) {
+        return Transformed::yes(merge);
     }
     let foldable_aggregate = node
         .downcast_ref::<AggregateExec>()
@@ -123,10 +128,10 @@ fn fold(node: Arc<dyn ExecutionPlan>) -> Transformed<Arc<dyn ExecutionPlan>> {
 
 /// A sort directly above a device scan moves into the stage: each device
 /// sorts its share (top-k only, with a fetch) and the host merges the
-/// sorted streams.
+/// sorted streams, passing long runs through uncopied ([`DeviceMergeExec`]).
 ///
 /// ```text
-///  SortPreservingMergeExec [fetch]          SortPreservingMergeExec [fetch]
+///  SortPreservingMergeExec [fetch]          DeviceMergeExec [fetch]
 ///    SortExec [fetch], per partition  ==>     DeviceScanExec (sorted per device)
 ///      DeviceScanExec                           stage: SortExec [fetch] <- ...
 /// ```
@@ -146,11 +151,22 @@ fn fold_sort(node: &Arc<dyn ExecutionPlan>) -> Option<Arc<dyn ExecutionPlan>> {
     let sorted_scan: Arc<dyn ExecutionPlan> = Arc::new(scan.with_stage(stage));
     let merges_itself = !sort.preserve_partitioning();
     if merges_itself && sorted_scan.output_partitioning().partition_count() > 1 {
-        let merge =
-            SortPreservingMergeExec::new(sort.expr().clone(), sorted_scan).with_fetch(sort.fetch());
+        let merge = DeviceMergeExec::new(sort.expr().clone(), sorted_scan).with_fetch(sort.fetch());
         return Some(Arc::new(merge));
     }
     Some(sorted_scan)
+}
+
+/// DataFusion's merge of the devices' sorted streams (planned when the sort
+/// kept its partitioning) becomes a [`DeviceMergeExec`], which passes long
+/// runs through uncopied. The plan's ordering requirement guarantees the
+/// scan's streams are sorted.
+fn device_merge(node: &Arc<dyn ExecutionPlan>) -> Option<Arc<dyn ExecutionPlan>> {
+    let merge = node.downcast_ref::<SortPreservingMergeExec>()?;
+    merge.input().downcast_ref::<DeviceScanExec>()?;
+    let device_merge = DeviceMergeExec::new(merge.expr().clone(), Arc::clone(merge.input()))
+        .with_fetch(merge.fetch());
+    Some(Arc::new(device_merge))
 }
 
 /// Whether every device under `scan` advertises the operator `op` needs.

@@ -1,0 +1,725 @@
+//! [`DeviceMergeExec`]: merges the devices' sorted streams into one sorted
+//! stream, passing long runs through without copying them.
+//!
+//! ```text
+//!                DeviceMergeExec [fetch]        one sorted output stream
+//!                       |
+//!     +-----------------+-----------------+
+//!  device 0 (sorted)  device 1 (sorted) ...   DeviceScanExec partitions
+//!
+//!  device 0:  A A A A A B B C ...            runs found by galloping
+//!  device 1:  A A A B B B B B ...
+//!  output:    [A A A A A]0 [A A A]1 [B B]0 [B B B B B]1 ...
+//!             slices of the input batches when a run is long,
+//!             rows interleaved into a new batch when runs are short
+//! ```
+//!
+//! DataFusion's `SortPreservingMergeExec` copies every row into new output
+//! batches. After a device sort, equal or adjacent keys often come from one
+//! device in long runs (a key with few distinct values, or devices holding
+//! key ranges); copying them costs as much as the devices' whole gather.
+//! This merge finds each run with an exponential search over the run's
+//! stream, compares keys in Arrow's row format, and emits a run of at least
+//! [`SLICE_ROWS_MIN`] rows as a zero-copy slice of the device's batch;
+//! shorter runs are interleaved into batches of `batch_size` rows.
+//!
+//! Ties between streams go to the lower partition first, so the merge is
+//! stable across devices. Memory held: one batch per input, plus the input
+//! batches referenced by the rows waiting to be interleaved (at most
+//! `batch_size` rows).
+
+use std::fmt;
+use std::sync::Arc;
+
+use arrow::array::RecordBatch;
+use arrow::compute::interleave_record_batch;
+use arrow::datatypes::SchemaRef;
+use arrow::row::{Row, RowConverter, Rows, SortField};
+use datafusion::common::tree_node::TreeNodeRecursion;
+use datafusion::common::{internal_err, Result};
+use datafusion::execution::{SendableRecordBatchStream, TaskContext};
+use datafusion::physical_expr::{LexOrdering, OrderingRequirements, PhysicalExpr};
+use datafusion::physical_plan::common::spawn_buffered;
+use datafusion::physical_plan::execution_plan::EvaluationType;
+use datafusion::physical_plan::metrics::{BaselineMetrics, ExecutionPlanMetricsSet, MetricsSet};
+use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
+use datafusion::physical_plan::{
+    DisplayAs, DisplayFormatType, Distribution, ExecutionPlan, ExecutionPlanProperties,
+    Partitioning, PlanProperties,
+};
+use futures::StreamExt;
+
+/// A run from one stream at least this long leaves the merge as a slice of
+/// its input batch instead of being copied.
+pub const SLICE_ROWS_MIN: usize = 256;
+
+/// Merges sorted input partitions into one sorted partition.
+#[derive(Debug, Clone)]
+pub struct DeviceMergeExec {
+    input: Arc<dyn ExecutionPlan>,
+    ordering: LexOrdering,
+    fetch: Option<usize>,
+    metrics: ExecutionPlanMetricsSet,
+    properties: Arc<PlanProperties>,
+}
+
+impl DeviceMergeExec {
+    /// Merges every partition of `input`, each sorted by `ordering`.
+    pub fn new(ordering: LexOrdering, input: Arc<dyn ExecutionPlan>) -> Self {
+        let properties = Arc::new(Self::properties_for(&input, &ordering));
+        Self {
+            input,
+            ordering,
+            fetch: None,
+            metrics: ExecutionPlanMetricsSet::new(),
+            properties,
+        }
+    }
+
+    /// Stops after `fetch` rows (ORDER BY ... LIMIT).
+    pub fn with_fetch(mut self, fetch: Option<usize>) -> Self {
+        self.fetch = fetch;
+        self
+    }
+
+    pub fn ordering(&self) -> &LexOrdering {
+        &self.ordering
+    }
+
+    fn properties_for(input: &Arc<dyn ExecutionPlan>, ordering: &LexOrdering) -> PlanProperties {
+        let mut equivalences = input.equivalence_properties().clone();
+        equivalences.clear_per_partition_constants();
+        equivalences.add_ordering(ordering.iter().cloned());
+        PlanProperties::new(
+            equivalences,
+            Partitioning::UnknownPartitioning(1),
+            input.pipeline_behavior(),
+            input.boundedness(),
+        )
+        .with_evaluation_type(EvaluationType::Eager)
+    }
+}
+
+impl DisplayAs for DeviceMergeExec {
+    fn fmt_as(&self, _t: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
+        write!(f, "DeviceMergeExec: [{}]", self.ordering)?;
+        if let Some(fetch) = self.fetch {
+            write!(f, ", fetch={fetch}")?;
+        }
+        Ok(())
+    }
+}
+
+impl ExecutionPlan for DeviceMergeExec {
+    fn name(&self) -> &str {
+        "DeviceMergeExec"
+    }
+
+    fn properties(&self) -> &Arc<PlanProperties> {
+        &self.properties
+    }
+
+    fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
+        vec![&self.input]
+    }
+
+    fn apply_expressions(
+        &self,
+        f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> Result<TreeNodeRecursion>,
+    ) -> Result<TreeNodeRecursion> {
+        for sort in self.ordering.iter() {
+            if f(&sort.expr)? == TreeNodeRecursion::Stop {
+                return Ok(TreeNodeRecursion::Stop);
+            }
+        }
+        Ok(TreeNodeRecursion::Continue)
+    }
+
+    fn required_input_distribution(&self) -> Vec<Distribution> {
+        vec![Distribution::UnspecifiedDistribution]
+    }
+
+    fn required_input_ordering(&self) -> Vec<Option<OrderingRequirements>> {
+        vec![Some(OrderingRequirements::from(self.ordering.clone()))]
+    }
+
+    fn maintains_input_order(&self) -> Vec<bool> {
+        vec![true]
+    }
+
+    fn benefits_from_input_partitioning(&self) -> Vec<bool> {
+        vec![false]
+    }
+
+    fn fetch(&self) -> Option<usize> {
+        self.fetch
+    }
+
+    fn with_fetch(&self, fetch: Option<usize>) -> Option<Arc<dyn ExecutionPlan>> {
+        Some(Arc::new(self.clone().with_fetch(fetch)))
+    }
+
+    fn supports_limit_pushdown(&self) -> bool {
+        true
+    }
+
+    fn with_new_children(
+        self: Arc<Self>,
+        mut children: Vec<Arc<dyn ExecutionPlan>>,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        if children.len() != 1 {
+            return internal_err!("DeviceMergeExec takes one child, got {}", children.len());
+        }
+        let merge = Self::new(self.ordering.clone(), children.swap_remove(0));
+        Ok(Arc::new(merge.with_fetch(self.fetch)))
+    }
+
+    fn execute(
+        &self,
+        partition: usize,
+        context: Arc<TaskContext>,
+    ) -> Result<SendableRecordBatchStream> {
+        if partition != 0 {
+            return internal_err!("DeviceMergeExec has one partition, not {partition}");
+        }
+        let partitions = self.input.output_partitioning().partition_count();
+        // Each input decodes on its own task, ahead of the merge by a batch.
+        let inputs = (0..partitions)
+            .map(|p| {
+                Ok(spawn_buffered(
+                    self.input.execute(p, Arc::clone(&context))?,
+                    1,
+                ))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let merge = RunMerge::try_new(
+            inputs,
+            self.schema(),
+            self.ordering.clone(),
+            context.session_config().batch_size(),
+            self.fetch,
+            BaselineMetrics::new(&self.metrics, partition),
+        )?;
+        let stream = futures::stream::unfold(Some(merge), |state| async move {
+            let mut merge = state?;
+            match merge.next_batch().await {
+                Ok(Some(batch)) => Some((Ok(batch), Some(merge))),
+                Ok(None) => None,
+                Err(e) => Some((Err(e), None)),
+            }
+        });
+        Ok(Box::pin(RecordBatchStreamAdapter::new(
+            self.schema(),
+            stream,
+        )))
+    }
+
+    fn metrics(&self) -> Option<MetricsSet> {
+        Some(self.metrics.clone_inner())
+    }
+}
+
+/// One input's current batch, its keys in row format and the next row.
+struct Cursor {
+    batch: RecordBatch,
+    keys: Rows,
+    next: usize,
+    /// Index of `batch` in [`Pending::batches`], once a row of it waits there.
+    pending_slot: Option<usize>,
+}
+
+impl Cursor {
+    fn key(&self) -> Row<'_> {
+        self.keys.row(self.next)
+    }
+}
+
+/// Rows from short runs waiting to be interleaved into one output batch.
+#[derive(Default)]
+struct Pending {
+    batches: Vec<RecordBatch>,
+    rows: Vec<(usize, usize)>,
+}
+
+/// The merge state behind [`DeviceMergeExec`]'s output stream.
+struct RunMerge {
+    inputs: Vec<SendableRecordBatchStream>,
+    /// `None` once an input is exhausted (or before its first batch).
+    cursors: Vec<Option<Cursor>>,
+    exhausted: Vec<bool>,
+    converter: RowConverter,
+    ordering: LexOrdering,
+    batch_size: usize,
+    /// Rows still to emit: `fetch`, or unbounded.
+    remaining: usize,
+    pending: Pending,
+    ready: std::collections::VecDeque<RecordBatch>,
+    /// Every input is merged; only pending rows may be left.
+    finished: bool,
+    metrics: BaselineMetrics,
+}
+
+impl RunMerge {
+    fn try_new(
+        inputs: Vec<SendableRecordBatchStream>,
+        schema: SchemaRef,
+        ordering: LexOrdering,
+        batch_size: usize,
+        fetch: Option<usize>,
+        metrics: BaselineMetrics,
+    ) -> Result<Self> {
+        let fields = ordering
+            .iter()
+            .map(|sort| {
+                Ok(SortField::new_with_options(
+                    sort.expr.data_type(&schema)?,
+                    sort.options,
+                ))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let n = inputs.len();
+        Ok(Self {
+            inputs,
+            cursors: (0..n).map(|_| None).collect(),
+            exhausted: vec![false; n],
+            converter: RowConverter::new(fields)?,
+            ordering,
+            batch_size: batch_size.max(1),
+            remaining: fetch.unwrap_or(usize::MAX),
+            pending: Pending::default(),
+            ready: Default::default(),
+            finished: false,
+            metrics,
+        })
+    }
+
+    /// The next output batch, or `None` when every input is merged.
+    async fn next_batch(&mut self) -> Result<Option<RecordBatch>> {
+        loop {
+            if self.remaining == 0 || self.finished {
+                self.flush()?;
+            }
+            if let Some(batch) = self.ready.pop_front() {
+                self.metrics.record_output(batch.num_rows());
+                self.metrics.output_batches().add(1);
+                return Ok(Some(batch));
+            }
+            if self.remaining == 0 || self.finished {
+                return Ok(None);
+            }
+            self.fill_cursors().await?;
+            let elapsed = self.metrics.elapsed_compute().clone();
+            let timer = elapsed.timer();
+            self.finished = !self.merge_until_ready()?;
+            timer.done();
+        }
+    }
+
+    /// Gives every unfinished input a cursor with at least one row left.
+    async fn fill_cursors(&mut self) -> Result<()> {
+        for i in 0..self.inputs.len() {
+            while self.cursors[i].is_none() && !self.exhausted[i] {
+                match self.inputs[i].next().await.transpose()? {
+                    None => self.exhausted[i] = true,
+                    Some(batch) if batch.num_rows() == 0 => {}
+                    Some(batch) => {
+                        let keys = self.key_rows(&batch)?;
+                        self.cursors[i] = Some(Cursor {
+                            batch,
+                            keys,
+                            next: 0,
+                            pending_slot: None,
+                        });
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn key_rows(&self, batch: &RecordBatch) -> Result<Rows> {
+        let columns = self
+            .ordering
+            .iter()
+            .map(|sort| sort.expr.evaluate(batch)?.into_array(batch.num_rows()))
+            .collect::<Result<Vec<_>>>()?;
+        Ok(self.converter.convert_columns(&columns)?)
+    }
+
+    /// Merges runs until an output batch is ready or some input's batch
+    /// runs out (it must be refilled before the merge can go on). Returns
+    /// false when no input has rows left.
+    fn merge_until_ready(&mut self) -> Result<bool> {
+        loop {
+            let Some(winner) = self.smallest_head() else {
+                return Ok(false);
+            };
+            let end = self.run_end(winner).min(self.remaining_in(winner));
+            self.take_run(winner, end)?;
+            let cursor = self.cursors[winner].as_ref().expect("winner has a cursor");
+            if cursor.next == cursor.batch.num_rows() {
+                self.cursors[winner] = None;
+                return Ok(true);
+            }
+            if !self.ready.is_empty() || self.remaining == 0 {
+                return Ok(true);
+            }
+        }
+    }
+
+    /// The input whose next row comes first; ties go to the lower input.
+    fn smallest_head(&self) -> Option<usize> {
+        let mut best: Option<(usize, Row<'_>)> = None;
+        for (i, cursor) in self.cursors.iter().enumerate() {
+            let Some(cursor) = cursor else { continue };
+            let key = cursor.key();
+            if best.is_none_or(|(_, b)| key < b) {
+                best = Some((i, key));
+            }
+        }
+        best.map(|(i, _)| i)
+    }
+
+    /// End (exclusive) of the run `winner` can emit before another input's
+    /// head must come first.
+    fn run_end(&self, winner: usize) -> usize {
+        let cursor = self.cursors[winner].as_ref().expect("winner has a cursor");
+        let mut bound: Option<(usize, Row<'_>)> = None;
+        for (i, other) in self.cursors.iter().enumerate() {
+            let Some(other) = other.as_ref().filter(|_| i != winner) else {
+                continue;
+            };
+            let key = other.key();
+            if bound.is_none_or(|(_, b)| key < b) {
+                bound = Some((i, key));
+            }
+        }
+        match bound {
+            None => cursor.batch.num_rows(),
+            // Rows equal to the bound stay in the run when the winner is
+            // the lower input: ties go to the lower input.
+            Some((i, key)) => gallop(&cursor.keys, cursor.next, key, winner < i),
+        }
+    }
+
+    /// How far `winner`'s run may go without passing `fetch`.
+    fn remaining_in(&self, winner: usize) -> usize {
+        let cursor = self.cursors[winner].as_ref().expect("winner has a cursor");
+        cursor.next.saturating_add(self.remaining)
+    }
+
+    /// Emits `winner`'s rows up to `end`: as a slice when the run is long,
+    /// else into the pending rows.
+    fn take_run(&mut self, winner: usize, end: usize) -> Result<()> {
+        let cursor = self.cursors[winner].as_mut().expect("winner has a cursor");
+        let start = cursor.next;
+        debug_assert!(end > start, "a run holds at least the winner's head");
+        self.remaining -= end - start;
+        if end - start >= SLICE_ROWS_MIN {
+            let slice = cursor.batch.slice(start, end - start);
+            cursor.next = end;
+            self.flush()?;
+            self.ready.push_back(slice);
+            return Ok(());
+        }
+        let mut next = start;
+        while next < end {
+            let cursor = self.cursors[winner].as_mut().expect("winner has a cursor");
+            let slot = match cursor.pending_slot {
+                Some(slot) => slot,
+                None => {
+                    self.pending.batches.push(cursor.batch.clone());
+                    let slot = self.pending.batches.len() - 1;
+                    cursor.pending_slot = Some(slot);
+                    slot
+                }
+            };
+            let room = self.batch_size - self.pending.rows.len();
+            let upto = end.min(next + room);
+            self.pending
+                .rows
+                .extend((next..upto).map(|row| (slot, row)));
+            cursor.next = upto;
+            next = upto;
+            if self.pending.rows.len() == self.batch_size {
+                self.flush()?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Interleaves the pending rows into one output batch.
+    fn flush(&mut self) -> Result<()> {
+        if self.pending.rows.is_empty() {
+            return Ok(());
+        }
+        let batches: Vec<&RecordBatch> = self.pending.batches.iter().collect();
+        let batch = interleave_record_batch(&batches, &self.pending.rows)?;
+        self.ready.push_back(batch);
+        self.pending.rows.clear();
+        self.pending.batches.clear();
+        for cursor in self.cursors.iter_mut().flatten() {
+            cursor.pending_slot = None;
+        }
+        Ok(())
+    }
+}
+
+/// First position at or after `start` whose key is past `bound` (or equal
+/// to it, unless `take_ties`). The key at `start` must be in the run.
+/// Exponential then binary search: a run of length r costs O(log r)
+/// comparisons.
+fn gallop(keys: &Rows, start: usize, bound: Row<'_>, take_ties: bool) -> usize {
+    let in_run = |i: usize| {
+        let key = keys.row(i);
+        if take_ties {
+            key <= bound
+        } else {
+            key < bound
+        }
+    };
+    debug_assert!(in_run(start), "the run's first row precedes the bound");
+    let len = keys.num_rows();
+    // Invariant: rows before `lo` are in the run; `hi` is not (or is `len`).
+    let mut lo = start + 1;
+    let mut step = 1;
+    let mut hi = loop {
+        let probe = start.saturating_add(step).min(len);
+        if probe == len || !in_run(probe) {
+            break probe;
+        }
+        lo = probe + 1;
+        step *= 2;
+    };
+    while lo < hi {
+        let mid = lo + (hi - lo) / 2;
+        if in_run(mid) {
+            lo = mid + 1;
+        } else {
+            hi = mid;
+        }
+    }
+    lo
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use arrow::array::{Array, ArrayRef, Float64Array, Int32Array, StringArray, UInt32Array};
+    use arrow::compute::SortOptions;
+    use arrow::compute::{concat_batches, lexsort_to_indices, take_record_batch, SortColumn};
+    use arrow::datatypes::{DataType, Field, Schema};
+    use datafusion::datasource::memory::MemorySourceConfig;
+    use datafusion::physical_expr::expressions::col;
+    use datafusion::physical_expr::PhysicalSortExpr;
+    use datafusion::physical_plan::collect;
+    use datafusion::prelude::{SessionConfig, SessionContext};
+
+    /// A tiny deterministic generator (xorshift) for seeded inputs.
+    struct Rng(u64);
+    impl Rng {
+        fn next(&mut self) -> u64 {
+            self.0 ^= self.0 << 13;
+            self.0 ^= self.0 >> 7;
+            self.0 ^= self.0 << 17;
+            self.0
+        }
+        fn below(&mut self, n: u64) -> u64 {
+            self.next() % n.max(1)
+        }
+    }
+
+    fn schema() -> SchemaRef {
+        Arc::new(Schema::new(vec![
+            Field::new("k", DataType::Int32, true),
+            Field::new("f", DataType::Float64, true),
+            Field::new("s", DataType::Utf8, true),
+            Field::new("origin", DataType::UInt32, false),
+        ]))
+    }
+
+    /// `rows` random rows from input `origin`, keys drawn from `distinct`
+    /// values, with nulls and NaN.
+    fn random_batch(rng: &mut Rng, rows: usize, distinct: u64, origin: u32) -> RecordBatch {
+        let k: Int32Array = (0..rows)
+            .map(|_| (rng.below(10) != 0).then(|| rng.below(distinct) as i32))
+            .collect();
+        let f: Float64Array = (0..rows)
+            .map(|_| match rng.below(12) {
+                0 => None,
+                1 => Some(f64::NAN),
+                _ => Some(rng.below(distinct) as f64 - 3.5),
+            })
+            .collect();
+        let s: StringArray = (0..rows)
+            .map(|_| (rng.below(9) != 0).then(|| format!("v{}", rng.below(distinct))))
+            .collect();
+        let origin = UInt32Array::from(vec![origin; rows]);
+        let columns: Vec<ArrayRef> = vec![Arc::new(k), Arc::new(f), Arc::new(s), Arc::new(origin)];
+        RecordBatch::try_new(schema(), columns).unwrap()
+    }
+
+    fn ordering(options: &[(&str, SortOptions)]) -> LexOrdering {
+        let schema = schema();
+        LexOrdering::new(options.iter().map(|(name, opts)| PhysicalSortExpr {
+            expr: col(name, &schema).unwrap(),
+            options: *opts,
+        }))
+        .unwrap()
+    }
+
+    fn sort_batch(batch: &RecordBatch, ordering: &LexOrdering) -> RecordBatch {
+        let columns: Vec<SortColumn> = ordering
+            .iter()
+            .map(|s| SortColumn {
+                values: s
+                    .expr
+                    .evaluate(batch)
+                    .unwrap()
+                    .into_array(batch.num_rows())
+                    .unwrap(),
+                options: Some(s.options),
+            })
+            .collect();
+        // Stable: ties keep input order, so each partition stays sorted by
+        // (key, row) and the expected output is well defined.
+        let mut with_row = columns;
+        with_row.push(SortColumn {
+            values: Arc::new(UInt32Array::from_iter_values(0..batch.num_rows() as u32)),
+            options: None,
+        });
+        let indices = lexsort_to_indices(&with_row, None).unwrap();
+        take_record_batch(batch, &indices).unwrap()
+    }
+
+    /// Cuts a sorted partition into batches of random sizes, empty ones too.
+    fn cut(rng: &mut Rng, sorted: &RecordBatch) -> Vec<RecordBatch> {
+        let mut out = vec![];
+        let mut at = 0;
+        while at < sorted.num_rows() {
+            let len = (rng.below(300) as usize).min(sorted.num_rows() - at);
+            out.push(sorted.slice(at, len));
+            at += len;
+        }
+        out
+    }
+
+    /// What the merge must produce: all rows stably sorted by the ordering,
+    /// ties ordered by input then by position in it.
+    fn expected(
+        partitions: &[RecordBatch],
+        ordering: &LexOrdering,
+        fetch: Option<usize>,
+    ) -> RecordBatch {
+        let all = concat_batches(&schema(), partitions).unwrap();
+        let sorted = sort_batch(&all, ordering);
+        sorted.slice(0, fetch.unwrap_or(usize::MAX).min(sorted.num_rows()))
+    }
+
+    async fn merged(
+        partitions: Vec<Vec<RecordBatch>>,
+        ordering: &LexOrdering,
+        fetch: Option<usize>,
+        batch_size: usize,
+    ) -> Vec<RecordBatch> {
+        let input = MemorySourceConfig::try_new_exec(&partitions, schema(), None).unwrap();
+        let merge = DeviceMergeExec::new(ordering.clone(), input).with_fetch(fetch);
+        let config = SessionConfig::new().with_batch_size(batch_size);
+        let ctx = SessionContext::new_with_config(config);
+        collect(Arc::new(merge), ctx.task_ctx()).await.unwrap()
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn merge_matches_a_stable_sort_of_all_inputs() {
+        let asc = SortOptions::default();
+        let desc_nulls_last = SortOptions {
+            descending: true,
+            nulls_first: false,
+        };
+        let orderings = [
+            ordering(&[("k", asc)]),
+            ordering(&[("f", desc_nulls_last)]),
+            ordering(&[("s", asc), ("k", desc_nulls_last)]),
+        ];
+        let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
+        for (case, &rows) in [0usize, 1, 2, 7, 49, 50, 51, 1000, 5000].iter().enumerate() {
+            for distinct in [1u64, 3, 1000] {
+                for ordering in &orderings {
+                    let inputs = 1 + case % 4;
+                    let sorted: Vec<RecordBatch> = (0..inputs)
+                        .map(|i| {
+                            let n = rows / inputs + (i == 0) as usize * (rows % inputs);
+                            sort_batch(&random_batch(&mut rng, n, distinct, i as u32), ordering)
+                        })
+                        .collect();
+                    let partitions: Vec<Vec<RecordBatch>> =
+                        sorted.iter().map(|p| cut(&mut rng, p)).collect();
+                    for fetch in [None, Some(0), Some(1), Some(rows / 2 + 1)] {
+                        let batch_size = 1 + rng.below(700) as usize;
+                        let out = merged(partitions.clone(), ordering, fetch, batch_size).await;
+                        assert!(out.iter().all(|b| b.num_rows() <= batch_size.max(300)));
+                        let got = concat_batches(&schema(), &out).unwrap();
+                        let want = expected(&sorted, ordering, fetch);
+                        assert_eq!(
+                            got, want,
+                            "rows {rows}, distinct {distinct}, inputs {inputs}, fetch {fetch:?}, \
+                             ordering {ordering}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn long_runs_leave_as_slices_of_the_input() {
+        let asc = SortOptions::default();
+        let ordering = ordering(&[("k", asc)]);
+        // Input 0 holds keys 0..1000, input 1 keys 1000..2000: two runs.
+        let batch = |origin: u32, base: i32| {
+            let k = Int32Array::from_iter_values(base..base + 1000);
+            let f = Float64Array::from(vec![0.0; 1000]);
+            let s = StringArray::from(vec!["x"; 1000]);
+            let o = UInt32Array::from(vec![origin; 1000]);
+            let columns: Vec<ArrayRef> = vec![Arc::new(k), Arc::new(f), Arc::new(s), Arc::new(o)];
+            RecordBatch::try_new(schema(), columns).unwrap()
+        };
+        let (zero, one) = (batch(0, 0), batch(1, 1000));
+        let out = merged(
+            vec![vec![one.clone()], vec![zero.clone()]],
+            &ordering,
+            None,
+            4096,
+        )
+        .await;
+        assert_eq!(out.len(), 2, "each run is one slice, not one copied batch");
+        let same_buffer = |a: &RecordBatch, b: &RecordBatch| {
+            a.column(0).to_data().buffers()[0].as_ptr()
+                == b.column(0).to_data().buffers()[0].as_ptr()
+        };
+        assert!(same_buffer(&out[0], &zero) && same_buffer(&out[1], &one));
+        assert_eq!(out[0].column(0).len(), 1000);
+    }
+
+    #[test]
+    fn gallop_finds_the_end_of_a_run() {
+        let converter = RowConverter::new(vec![SortField::new(DataType::Int32)]).unwrap();
+        let values = [1, 2, 2, 2, 3, 5, 5, 8, 9, 9, 9, 9, 9, 9, 9, 12];
+        let column: ArrayRef = Arc::new(Int32Array::from(values.to_vec()));
+        let keys = converter.convert_columns(&[column]).unwrap();
+        for bound in 0..14 {
+            let probe: ArrayRef = Arc::new(Int32Array::from(vec![bound]));
+            let probe = converter.convert_columns(&[probe]).unwrap();
+            for start in 0..values.len() {
+                for take_ties in [false, true] {
+                    let in_run = |v: i32| if take_ties { v <= bound } else { v < bound };
+                    if !in_run(values[start]) {
+                        continue;
+                    }
+                    let want = start + values[start..].iter().take_while(|&&v| in_run(v)).count();
+                    assert_eq!(gallop(&keys, start, probe.row(0), take_ties), want);
+                }
+            }
+        }
+    }
+}
