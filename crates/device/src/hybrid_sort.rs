@@ -34,7 +34,8 @@ use datafusion::physical_plan::metrics::{
 };
 use datafusion::physical_plan::sorts::sort::SortExec;
 use datafusion::physical_plan::{
-    DisplayAs, DisplayFormatType, ExecutionPlan, Partitioning, PlanProperties,
+    apply_expression_roots, DisplayAs, DisplayFormatType, ExecutionPlan, Partitioning,
+    PlanProperties,
 };
 use insitu_format::hybrid::decode_key_block;
 use insitu_kernels::{argsort_columns, gather, gather_rows, Parallelism};
@@ -163,12 +164,7 @@ impl ExecutionPlan for HybridSortExec {
         &self,
         f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> Result<TreeNodeRecursion>,
     ) -> Result<TreeNodeRecursion> {
-        for e in self.ordering.iter() {
-            if f(&e.expr)? == TreeNodeRecursion::Stop {
-                return Ok(TreeNodeRecursion::Stop);
-            }
-        }
-        Ok(TreeNodeRecursion::Continue)
+        apply_expression_roots(self.ordering.iter().map(|sort| &sort.expr), f)
     }
 
     fn with_new_children(

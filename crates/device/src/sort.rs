@@ -38,8 +38,8 @@ use datafusion::physical_plan::metrics::{
 use datafusion::physical_plan::sorts::sort::SortExec;
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::{
-    DisplayAs, DisplayFormatType, ExecutionPlan, ExecutionPlanProperties, Partitioning,
-    PlanProperties,
+    apply_expression_roots, DisplayAs, DisplayFormatType, ExecutionPlan, ExecutionPlanProperties,
+    Partitioning, PlanProperties,
 };
 use futures::StreamExt;
 use insitu_kernels::{argsort_columns, GatherSource, Parallelism};
@@ -195,12 +195,7 @@ impl ExecutionPlan for KernelSortExec {
         &self,
         f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> Result<TreeNodeRecursion>,
     ) -> Result<TreeNodeRecursion> {
-        for sort_expr in self.ordering.iter() {
-            if f(&sort_expr.expr)? == TreeNodeRecursion::Stop {
-                return Ok(TreeNodeRecursion::Stop);
-            }
-        }
-        Ok(TreeNodeRecursion::Continue)
+        apply_expression_roots(self.ordering.iter().map(|sort| &sort.expr), f)
     }
 
     fn with_new_children(

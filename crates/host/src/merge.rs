@@ -44,8 +44,8 @@ use datafusion::physical_plan::execution_plan::EvaluationType;
 use datafusion::physical_plan::metrics::{BaselineMetrics, ExecutionPlanMetricsSet, MetricsSet};
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::{
-    DisplayAs, DisplayFormatType, Distribution, ExecutionPlan, ExecutionPlanProperties,
-    Partitioning, PlanProperties,
+    apply_expression_roots, DisplayAs, DisplayFormatType, Distribution, ExecutionPlan,
+    ExecutionPlanProperties, Partitioning, PlanProperties,
 };
 use futures::StreamExt;
 
@@ -127,12 +127,7 @@ impl ExecutionPlan for DeviceMergeExec {
         &self,
         f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> Result<TreeNodeRecursion>,
     ) -> Result<TreeNodeRecursion> {
-        for sort in self.ordering.iter() {
-            if f(&sort.expr)? == TreeNodeRecursion::Stop {
-                return Ok(TreeNodeRecursion::Stop);
-            }
-        }
-        Ok(TreeNodeRecursion::Continue)
+        apply_expression_roots(self.ordering.iter().map(|sort| &sort.expr), f)
     }
 
     fn required_input_distribution(&self) -> Vec<Distribution> {
