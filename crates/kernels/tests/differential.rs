@@ -517,16 +517,18 @@ fn gather_matches_take() {
             let err = gather(arrays[0].as_ref(), &[n as u32]).unwrap_err();
             assert!(err.to_string().contains("out of range"), "{err}");
         }
-        // Row layout: the same gather over 12-byte rows.
-        let width = 12;
-        let rows: Vec<u8> = (0..n * width).map(|_| rng.random()).collect();
-        let mut out = vec![7u8; 3]; // reused buffer: old contents must go
-        gather_rows(&rows, width, &idx, &mut out);
-        let want: Vec<u8> = idx
-            .iter()
-            .flat_map(|&i| rows[i as usize * width..][..width].to_vec())
-            .collect();
-        assert_eq!(out, want);
+        // Row layout: the same gather over rows of every width up to 64
+        // bytes (each has its own copy loop) and two wider ones.
+        for width in 1..=66 {
+            let rows: Vec<u8> = (0..n * width).map(|_| rng.random()).collect();
+            let mut out = vec![7u8; 3]; // reused buffer: old contents must go
+            gather_rows(&rows, width, &idx, &mut out);
+            let want: Vec<u8> = idx
+                .iter()
+                .flat_map(|&i| rows[i as usize * width..][..width].to_vec())
+                .collect();
+            assert_eq!(out, want, "{width}-byte rows, n={n}");
+        }
     }
 }
 
