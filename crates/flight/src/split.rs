@@ -4,55 +4,23 @@
 
 use arrow_flight::FlightData;
 use bytes::Bytes;
-
-/// IPC continuation marker that precedes every message's length.
-const CONTINUATION: u32 = 0xFFFF_FFFF;
+use insitu_host::decode::message_spans;
 
 /// Splits one chunk of an Arrow IPC stream into its messages. The
 /// end-of-stream marker (length 0) has no Flight counterpart and is
 /// dropped.
 pub fn ipc_chunk_to_flight(chunk: &Bytes) -> Result<Vec<FlightData>, String> {
-    let mut out = vec![];
-    let mut pos = 0usize;
-    let read_u32 = |pos: usize| -> Result<u32, String> {
-        chunk
-            .get(pos..pos + 4)
-            .map(|b| u32::from_le_bytes(b.try_into().expect("4 bytes")))
-            .ok_or_else(|| format!("IPC chunk truncated at byte {pos}"))
-    };
-    while pos < chunk.len() {
-        let mut len = read_u32(pos)?;
-        pos += 4;
-        if len == CONTINUATION {
-            len = read_u32(pos)?;
-            pos += 4;
-        }
-        if len == 0 {
-            continue; // end of stream
-        }
-        let len = len as usize;
-        let header = chunk
-            .get(pos..pos + len)
-            .ok_or_else(|| format!("IPC message header truncated at byte {pos}"))?;
-        let message = arrow_ipc::root_as_message(header)
-            .map_err(|e| format!("IPC message header at byte {pos}: {e}"))?;
-        let body_len = usize::try_from(message.bodyLength())
-            .map_err(|_| format!("negative IPC body length at byte {pos}"))?;
-        let header = chunk.slice(pos..pos + len);
-        pos += len;
-        if pos + body_len > chunk.len() {
-            return Err(format!("IPC message body truncated at byte {pos}"));
-        }
-        let body = chunk.slice(pos..pos + body_len);
-        pos += body_len;
-        out.push(FlightData {
+    let spans = message_spans(chunk).map_err(|e| format!("IPC chunk: {e}"))?;
+    Ok(spans
+        .into_iter()
+        .filter(|span| !span.header.is_empty())
+        .map(|span| FlightData {
             flight_descriptor: None,
-            data_header: header,
+            data_header: chunk.slice(span.header),
             app_metadata: Bytes::new(),
-            data_body: body,
-        });
-    }
-    Ok(out)
+            data_body: chunk.slice(span.body),
+        })
+        .collect())
 }
 
 #[cfg(test)]
@@ -132,7 +100,7 @@ mod tests {
         for cut in [1, 4, 7, 9, chunk.len() / 2, chunk.len() - 1] {
             let err = ipc_chunk_to_flight(&chunk.slice(..cut)).unwrap_err();
             assert!(
-                err.contains("truncated") || err.contains("header"),
+                err.contains("cut short") || err.contains("header"),
                 "{cut}: {err}"
             );
         }

@@ -8,6 +8,7 @@
 
 pub mod catalog;
 pub mod client;
+pub mod decode;
 pub mod merge;
 pub mod provider;
 pub mod pull;

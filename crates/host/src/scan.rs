@@ -13,9 +13,9 @@
 use std::fmt;
 use std::sync::Arc;
 
+use crate::decode::ResultDecoder;
 use arrow::buffer::Buffer;
 use arrow::datatypes::SchemaRef;
-use arrow::ipc::reader::StreamDecoder;
 use arrow::record_batch::{RecordBatch, RecordBatchOptions};
 use datafusion::common::tree_node::{Transformed, TreeNode, TreeNodeRecursion};
 use datafusion::common::{internal_err, DataFusionError, Result};
@@ -193,7 +193,7 @@ fn decode_results(
     stats: Arc<StageStatsSink>,
     device: u32,
 ) -> futures::stream::BoxStream<'static, Result<RecordBatch>> {
-    let state = (messages, StreamDecoder::new(), false);
+    let state = (messages, ResultDecoder::new(), false);
     futures::stream::unfold(state, move |(mut messages, mut decoder, done)| {
         let schema = Arc::clone(&schema);
         let stats = Arc::clone(&stats);
@@ -237,7 +237,7 @@ fn decode_results(
 
 /// Decodes one IPC chunk (one whole message: schema, batch or end marker).
 fn decode_chunk(
-    decoder: &mut StreamDecoder,
+    decoder: &mut ResultDecoder,
     bytes: bytes::Bytes,
     schema: &SchemaRef,
     device: u32,
@@ -245,18 +245,7 @@ fn decode_chunk(
     let ipc_err = |e: arrow::error::ArrowError| {
         DataFusionError::Execution(format!("device {device}: malformed result stream: {e}"))
     };
-    let mut buffer = Buffer::from(bytes);
-    let mut out = None;
-    while !buffer.is_empty() {
-        if let Some(batch) = decoder.decode(&mut buffer).map_err(ipc_err)? {
-            if out.is_some() {
-                return Err(ipc_err(arrow::error::ArrowError::IpcError(
-                    "more than one batch in a chunk".into(),
-                )));
-            }
-            out = Some(batch);
-        }
-    }
+    let out = decoder.decode(Buffer::from(bytes)).map_err(ipc_err)?;
     out.map(|batch| with_schema(batch, schema, device))
         .transpose()
 }

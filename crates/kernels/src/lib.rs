@@ -16,6 +16,7 @@
 //! | [`gather`], [`gather_batch`], [`gather_rows`], [`gather_rows_into`], [`gather_values`] | shuffle by indices |
 //! | [`GatherSource`] | shuffle of many batches by global indices, a chunk at a time |
 //! | [`dictionary_decode`] | dictionary codes -> plain values |
+//! | [`validate_utf8_views`], [`validate_full_fast`] | checks of received string views |
 
 mod argsort;
 mod decode;
@@ -25,6 +26,7 @@ mod gather_source;
 pub mod mem;
 pub mod radix;
 mod rows;
+mod views;
 
 pub use argsort::{argsort, argsort_to, argsort_top_k, Parallelism};
 pub use decode::dictionary_decode;
@@ -38,3 +40,4 @@ pub use gather::{
 pub use gather_source::GatherSource;
 pub use radix::SortIndex;
 pub use rows::argsort_columns;
+pub use views::{validate_full_fast, validate_utf8_views};

@@ -738,3 +738,65 @@ fn kernels_reject_bad_input() {
     let err = dictionary_decode(&Int32Array::from(vec![1])).unwrap_err();
     assert!(err.to_string().contains("needs a dictionary"), "{err}");
 }
+
+/// Arrow's verdict on views and buffers as a `Utf8View` array.
+fn arrow_accepts_views(views: &[u128], buffers: &[arrow::buffer::Buffer]) -> bool {
+    let mut all = vec![arrow::buffer::Buffer::from_vec(views.to_vec())];
+    all.extend(buffers.iter().cloned());
+    let builder = ArrayDataBuilder::new(DataType::Utf8View)
+        .len(views.len())
+        .buffers(all);
+    // SAFETY: only validated, never read as an array.
+    let data = unsafe { builder.build_unchecked() };
+    data.validate_values().is_ok()
+}
+
+#[test]
+fn utf8_view_validation_matches_arrow() {
+    let mut rng = StdRng::seed_from_u64(41);
+    let alphabet = ["a", "Z", "0", " ", "é", "ß", "≈", "中", "🦀"];
+    for n in [0usize, 1, 2, 7, 49, 50, 51, 1000, 100_000] {
+        let strings: Vec<String> = (0..n)
+            .map(|_| {
+                let len = rng.random_range(0..24);
+                (0..len)
+                    .map(|_| alphabet[rng.random_range(0..alphabet.len())])
+                    .collect()
+            })
+            .collect();
+        let array = StringViewArray::from_iter_values(&strings);
+        let (views, buffers) = (array.views().to_vec(), array.data_buffers().to_vec());
+        assert!(validate_utf8_views(&views, &buffers).is_ok(), "n={n}");
+        assert!(arrow_accepts_views(&views, &buffers));
+        if n == 0 {
+            continue;
+        }
+        // Corrupt one view bit or one data byte at a time; both checks
+        // must reach the same verdict.
+        let mut rejected = 0;
+        for trial in 0..200 {
+            let (mut views, mut buffers) = (views.clone(), buffers.clone());
+            if trial % 2 == 0 || buffers.is_empty() {
+                let i = rng.random_range(0..n);
+                views[i] ^= 1u128 << rng.random_range(0..128);
+            } else {
+                let b = rng.random_range(0..buffers.len());
+                let mut bytes = buffers[b].to_vec();
+                if bytes.is_empty() {
+                    continue;
+                }
+                let at = rng.random_range(0..bytes.len());
+                bytes[at] = [0x80, 0xff, 0xc3, b'x'][rng.random_range(0..4)];
+                buffers[b] = arrow::buffer::Buffer::from_vec(bytes);
+            }
+            let ours = validate_utf8_views(&views, &buffers).is_ok();
+            assert_eq!(
+                ours,
+                arrow_accepts_views(&views, &buffers),
+                "n={n} trial={trial}"
+            );
+            rejected += usize::from(!ours);
+        }
+        assert!(rejected > 20, "n={n}: only {rejected} corruptions caught");
+    }
+}
