@@ -463,13 +463,12 @@ impl Device {
         let schema: SchemaRef = root.schema();
         let ipc_err =
             |e: arrow::error::ArrowError| self.err(DeviceErrorKind::Execution, e.to_string());
-        let (mut chunker, head) = IpcChunker::start(&schema).map_err(ipc_err)?;
+        let mut chunker = IpcChunker::start(&schema).map_err(ipc_err)?;
         let send = |msg| async {
             tx.send(Ok(msg))
                 .await
                 .map_err(|_| self.err(DeviceErrorKind::Cancelled, "host went away"))
         };
-        send(DeviceMessage::Ipc(head)).await?;
         // Chunks waiting in the channel are device memory: account for the
         // most the channel can hold, so the budget covers them too.
         let in_flight = MemoryConsumer::new("stage result chunks")

@@ -63,8 +63,8 @@ mod tests {
         for sizes in [vec![], vec![1], vec![0, 2, 7], vec![49, 50, 51, 1000]] {
             let input: Vec<RecordBatch> = sizes.iter().map(|n| batch(*n)).collect();
             let schema = batch(0).schema();
-            let (mut chunker, head) = IpcChunker::start(&schema).unwrap();
-            let mut chunks = vec![head];
+            let mut chunker = IpcChunker::start(&schema).unwrap();
+            let mut chunks = vec![];
             for b in &input {
                 chunks.push(chunker.batch(b).unwrap());
             }
@@ -95,7 +95,7 @@ mod tests {
     #[test]
     fn truncated_chunks_are_errors_not_panics() {
         let schema = batch(0).schema();
-        let (mut chunker, _) = IpcChunker::start(&schema).unwrap();
+        let mut chunker = IpcChunker::start(&schema).unwrap();
         let chunk = chunker.batch(&batch(50)).unwrap();
         for cut in [1, 4, 7, 9, chunk.len() / 2, chunk.len() - 1] {
             let err = ipc_chunk_to_flight(&chunk.slice(..cut)).unwrap_err();
