@@ -10,10 +10,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use arrow::buffer::Buffer;
 use arrow::datatypes::SchemaRef;
 use arrow::error::ArrowError;
 use arrow::record_batch::RecordBatch;
-use arrow_flight::decode::{DecodedPayload, FlightDataDecoder};
 use arrow_flight::encode::FlightDataEncoderBuilder;
 use arrow_flight::error::FlightError;
 use arrow_flight::flight_service_client::FlightServiceClient;
@@ -24,6 +24,7 @@ use datafusion::common::{DataFusionError, Result};
 use futures::stream::{self, BoxStream, StreamExt};
 use insitu_device::{ipc_to_batch, DeviceMessage};
 use insitu_format::{PartitionLayout, WriterOptions};
+use insitu_host::decode::ResultDecoder;
 use insitu_host::DeviceClient;
 use insitu_ingest::{BatchSource, IngestError, IngestResult, PartitionSink};
 use insitu_link::{Direction, Link};
@@ -518,7 +519,7 @@ enum Step {
 
 impl FlightDeviceClient {
     /// Decodes a `do_get` answer into device messages: batches through
-    /// arrow-flight's decoder, the data-less trailer as [`StageStats`].
+    /// [`ResultDecoder`], the data-less trailer as [`StageStats`].
     fn result_stream(
         &self,
         response: tonic::Streaming<FlightData>,
@@ -561,12 +562,16 @@ impl FlightDeviceClient {
             }
         });
         let storage = Arc::clone(&self.storage_bytes);
-        let batches = FlightDataDecoder::new(without_trailer).map(move |d| match d {
-            Ok(d) => match d.payload {
-                DecodedPayload::RecordBatch(b) => Ok(Step::Batch(b)),
-                _ => Ok(Step::Skip),
-            },
-            Err(e) => Err(this.flight_error(e)),
+        // The decoder the embedded path uses: full validation, string
+        // views checked per buffer rather than per row.
+        let mut decoder = ResultDecoder::new();
+        let batches = without_trailer.map(move |m| {
+            let m = m.map_err(|e| this.flight_error(e))?;
+            let body = Buffer::from(m.data_body);
+            match decoder.decode_message(&m.data_header, &body) {
+                Ok(batch) => Ok(batch.map_or(Step::Skip, Step::Batch)),
+                Err(e) => Err(this.flight_error(FlightError::Arrow(e))),
+            }
         });
         let deadline = tokio::time::Instant::now() + timeout;
         let namer = self.error_namer();

@@ -54,11 +54,8 @@ impl ResultDecoder {
                 self.finished = true;
                 continue;
             }
-            if self.finished {
-                return Err(ipc_error("message after the end of the stream"));
-            }
             let body = chunk.slice_with_length(span.body.start, span.body.len());
-            if let Some(batch) = self.message(&chunk[span.header], &body)? {
+            if let Some(batch) = self.decode_message(&chunk[span.header], &body)? {
                 if out.replace(batch).is_some() {
                     return Err(ipc_error("more than one batch in a chunk"));
                 }
@@ -67,7 +64,17 @@ impl ResultDecoder {
         Ok(out)
     }
 
-    fn message(&mut self, meta: &[u8], body: &Buffer) -> Result<Option<RecordBatch>, ArrowError> {
+    /// Decodes one message given as its flatbuffer header (without length
+    /// prefix) and its body, the form Arrow Flight carries: the batch if it
+    /// is a record batch.
+    pub fn decode_message(
+        &mut self,
+        meta: &[u8],
+        body: &Buffer,
+    ) -> Result<Option<RecordBatch>, ArrowError> {
+        if self.finished {
+            return Err(ipc_error("message after the end of the stream"));
+        }
         let message = arrow_ipc::root_as_message(meta)
             .map_err(|e| ipc_error(&format!("unreadable message header: {e}")))?;
         let version = message.version();
