@@ -21,7 +21,7 @@ use std::collections::HashMap;
 use std::ops::Range;
 use std::sync::Arc;
 
-use arrow::array::{Array, ArrayRef, RecordBatch};
+use arrow::array::{Array, ArrayRef, RecordBatch, RecordBatchOptions};
 use arrow::buffer::Buffer;
 use arrow::datatypes::SchemaRef;
 use arrow::error::ArrowError;
@@ -108,8 +108,7 @@ impl ResultDecoder {
                     RecordBatchDecoder::try_new(body, batch, schema, &self.dictionaries, &version)?
                         .with_skip_validation(skip)
                         .read_record_batch()?;
-                validate(&batch)?;
-                Ok(Some(batch))
+                validate(batch).map(Some)
             }
             other => Err(ipc_error(&format!("unexpected message type {other:?}"))),
         }
@@ -179,13 +178,15 @@ pub fn message_spans(chunk: &[u8]) -> Result<Vec<MessageSpan>, ArrowError> {
 }
 
 /// Everything `ArrayData::validate_full` checks, string views by the fast
-/// path.
-fn validate(batch: &RecordBatch) -> Result<(), ArrowError> {
+/// path, and what `RecordBatch::try_new` checks (column types and lengths
+/// against the schema and row count), which the unchecked decode skipped.
+fn validate(batch: RecordBatch) -> Result<RecordBatch, ArrowError> {
     for (column, field) in batch.columns().iter().zip(batch.schema().fields()) {
         insitu_kernels::validate_full_fast(&column.to_data())
             .map_err(|e| ipc_error(&format!("column {}: {e}", field.name())))?;
     }
-    Ok(())
+    let options = RecordBatchOptions::new().with_row_count(Some(batch.num_rows()));
+    RecordBatch::try_new_with_options(batch.schema(), batch.columns().to_vec(), &options)
 }
 
 fn ipc_error(what: &str) -> ArrowError {
@@ -296,5 +297,17 @@ mod tests {
             vec![0xff, 0xff, 0xff, 0xff, 16, 0, 0, 0, 1, 2, 3],
         ];
         assert!(decode_all(garbage).is_err());
+    }
+
+    #[test]
+    fn rejects_columns_shorter_than_the_batch() {
+        let schema = Arc::new(arrow::datatypes::Schema::new(vec![
+            arrow::datatypes::Field::new("i", arrow::datatypes::DataType::Int32, false),
+        ]));
+        let column: ArrayRef = Arc::new(Int32Array::from(vec![1, 2, 3]));
+        // SAFETY: never read, only validated (what an unchecked decode returns).
+        let batch = unsafe { RecordBatch::new_unchecked(schema, vec![column], 5) };
+        let err = validate(batch).unwrap_err();
+        assert!(err.to_string().contains("row count"), "{err}");
     }
 }
