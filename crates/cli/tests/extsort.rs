@@ -142,9 +142,10 @@ fn holds_memory_within_the_budget_plus_a_fixed_overhead() {
     };
     let fixed = mib_before("before sorting");
     let buffers = mib_before("sort buffers");
-    // The sort's own memory stays within the 8 MiB budget (1 MiB of
-    // slack: the reader and writer threads' stacks).
-    assert!(buffers <= 9.0, "sort buffers {buffers} MiB: {line}");
+    // The sort's own memory stays within the 8 MiB budget (2 MiB of
+    // slack: the stacks of the reader and writer threads and of the
+    // gather's scoped threads, which RSS counts as sort memory).
+    assert!(buffers <= 10.0, "sort buffers {buffers} MiB: {line}");
     assert!(fixed < 64.0, "fixed part {fixed} MiB: {line}");
 }
 
