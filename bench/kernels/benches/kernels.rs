@@ -4,7 +4,8 @@
 use std::sync::Arc;
 
 use arrow::array::{
-    ArrayRef, DictionaryArray, Float64Array, Int32Array, RecordBatch, StringArray, UInt64Array,
+    ArrayRef, AsArray, DictionaryArray, Float64Array, Int32Array, RecordBatch, StringArray,
+    StringViewArray, UInt32Array, UInt64Array,
 };
 use arrow::compute::{SortColumn, SortOptions};
 use arrow::datatypes::{Field, Schema};
@@ -173,5 +174,37 @@ fn gathers(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, argsorts, dictionaries, multi_column, gathers);
+/// Compaction of a string view column gathered at random: strings of 13 to
+/// 43 bytes (like TPC-H comments) spread over many source buffers.
+fn views(c: &mut Criterion) {
+    let mut g = c.benchmark_group("views");
+    g.throughput(Throughput::Elements(ROWS as u64));
+    let strings: Vec<String> = random_u64(ROWS, 14)
+        .iter()
+        .map(|v| format!("{v:016x}").repeat(3)[..13 + (*v % 31) as usize].to_string())
+        .collect();
+    let pieces: Vec<ArrayRef> = strings
+        .chunks(8192)
+        .map(|c| Arc::new(StringViewArray::from_iter_values(c)) as ArrayRef)
+        .collect();
+    let pieces: Vec<&dyn arrow::array::Array> = pieces.iter().map(|p| p.as_ref()).collect();
+    let whole = arrow::compute::concat(&pieces).unwrap();
+    let idx = UInt32Array::from(random_indices(ROWS, ROWS, 15));
+    let gathered = arrow::compute::take(&whole, &idx, None).unwrap();
+    let gathered = gathered.as_string_view();
+    g.bench_function("compact_views, random gather", |b| {
+        b.iter(|| compact_views(gathered))
+    });
+    g.bench_function("arrow gc, random gather", |b| b.iter(|| gathered.gc()));
+    g.finish();
+}
+
+criterion_group!(
+    benches,
+    argsorts,
+    dictionaries,
+    multi_column,
+    gathers,
+    views
+);
 criterion_main!(benches);

@@ -9,6 +9,8 @@ use arrow::error::ArrowError;
 use arrow::ipc::writer::{StreamEncoder, StreamWriter};
 use arrow::record_batch::RecordBatch;
 use bytes::Bytes;
+use insitu_kernels::compact_views as compact_view_array;
+use insitu_kernels::mem::{pooled_buffer, take_vec};
 
 /// Encodes a result stream chunk by chunk: each chunk carries one batch
 /// (the first also the schema, and any dictionaries the batch needs), the
@@ -39,12 +41,26 @@ impl IpcChunker {
 /// shared rather than copied) as one chunk: a single copy of the body
 /// into memory allocated once at its final size. `StreamWriter` copies
 /// the body twice, into an encode buffer and then into its writer.
+///
+/// The chunk's memory comes from the kernels' scratch pool and returns to
+/// it when the host drops the last array decoded from it (the host
+/// decodes without copying), so a long result reuses the same few
+/// already-faulted chunks instead of zeroing fresh pages for each one.
 fn contiguous(pieces: Vec<Buffer>) -> Bytes {
-    let mut out = Vec::with_capacity(pieces.iter().map(|p| p.len()).sum());
+    let mut out: Vec<u8> = take_vec(pieces.iter().map(|p| p.len()).sum());
     for piece in &pieces {
         out.extend_from_slice(piece);
     }
-    Bytes::from(out)
+    Bytes::from_owner(BufferBytes(pooled_buffer(out)))
+}
+
+/// An Arrow buffer as the owner of a `Bytes`.
+struct BufferBytes(Buffer);
+
+impl AsRef<[u8]> for BufferBytes {
+    fn as_ref(&self) -> &[u8] {
+        &self.0
+    }
 }
 
 /// Rewrites string and binary view columns whose data buffers hold far more
@@ -78,8 +94,12 @@ pub fn compact_views(batch: &RecordBatch) -> Result<RecordBatch, ArrowError> {
         .columns()
         .iter()
         .map(|a| match a.data_type() {
-            DataType::Utf8View if wasteful(a) => Arc::new(a.as_string_view().gc()) as ArrayRef,
-            DataType::BinaryView if wasteful(a) => Arc::new(a.as_binary_view().gc()) as ArrayRef,
+            DataType::Utf8View if wasteful(a) => {
+                Arc::new(compact_view_array(a.as_string_view())) as _
+            }
+            DataType::BinaryView if wasteful(a) => {
+                Arc::new(compact_view_array(a.as_binary_view())) as _
+            }
             _ => Arc::clone(a),
         })
         .collect();

@@ -17,6 +17,7 @@
 //! | [`GatherSource`] | shuffle of many batches by global indices, a chunk at a time |
 //! | [`dictionary_decode`] | dictionary codes -> plain values |
 //! | [`validate_utf8_views`], [`validate_full_fast`] | checks of received string views |
+//! | [`compact_views`] | string / binary views -> one buffer of just their bytes |
 
 mod argsort;
 mod decode;
@@ -40,4 +41,4 @@ pub use gather::{
 pub use gather_source::GatherSource;
 pub use radix::SortIndex;
 pub use rows::argsort_columns;
-pub use views::{validate_full_fast, validate_utf8_views};
+pub use views::{compact_views, validate_full_fast, validate_utf8_views};

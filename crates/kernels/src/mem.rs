@@ -155,8 +155,10 @@ impl ScratchPool {
                 v
             }
             None => {
-                let mut v = huge_vec_with_capacity(pooled_capacity::<T>(n));
-                v.resize(n, T::default());
+                let mut v = zeroed_huge_vec(pooled_capacity::<T>(n));
+                // SAFETY: the allocation is zeroed and T (plain data) is
+                // valid for any bits.
+                unsafe { v.set_len(n) };
                 v
             }
         }
@@ -283,6 +285,27 @@ pub fn huge_vec_with_capacity<T>(n: usize) -> Vec<T> {
     let v = Vec::with_capacity(n);
     advise_huge(v.as_ptr() as usize, n * std::mem::size_of::<T>());
     v
+}
+
+/// An empty vector with room for `n` values in zeroed memory, huge-page
+/// backed if large. A large zeroed allocation comes straight from `mmap`,
+/// already zero, so no page is touched (and faulted in) until used;
+/// zeroing it with a write touched every page up front (perf: 4% of an
+/// ORDER BY in `memset` under `GatherSource::new`).
+fn zeroed_huge_vec<T: Pod>(n: usize) -> Vec<T> {
+    let layout = std::alloc::Layout::array::<T>(n).expect("capacity overflows isize");
+    if layout.size() == 0 {
+        return Vec::new();
+    }
+    // SAFETY: the layout has a non-zero size.
+    let ptr = unsafe { std::alloc::alloc_zeroed(layout) } as *mut T;
+    if ptr.is_null() {
+        std::alloc::handle_alloc_error(layout);
+    }
+    advise_huge(ptr as usize, layout.size());
+    // SAFETY: `ptr` comes from the global allocator with `T`'s alignment
+    // and room for exactly `n` values; the length is 0.
+    unsafe { Vec::from_raw_parts(ptr, 0, n) }
 }
 
 #[cfg(target_os = "linux")]

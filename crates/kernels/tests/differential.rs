@@ -800,3 +800,68 @@ fn utf8_view_validation_matches_arrow() {
         assert!(rejected > 20, "n={n}: only {rejected} corruptions caught");
     }
 }
+
+/// Bytes of the data buffers that the valid out-of-line views reference.
+fn referenced_view_bytes<T: ByteViewType + ?Sized>(a: &GenericByteViewArray<T>) -> usize {
+    (a.views().iter().enumerate())
+        .filter(|&(i, &v)| v as u32 > 12 && a.is_valid(i))
+        .map(|(_, &v)| v as u32 as usize)
+        .sum()
+}
+
+#[test]
+fn compact_views_matches_arrow_gc() {
+    let mut rng = StdRng::seed_from_u64(43);
+    for n in SIZES {
+        // Lengths around the inline limit (12) and the block copy (32),
+        // with duplicates, nulls, several source buffers, and strings
+        // ending at their buffer's end.
+        let value = |rng: &mut StdRng| -> Option<String> {
+            let len = [0, 1, 11, 12, 13, 20, 31, 32, 33, 70][rng.random_range(0..10)];
+            rng.random_bool(0.9).then(|| {
+                (0..len)
+                    .map(|_| ["a", "é", "🦀", "7"][rng.random_range(0..4)])
+                    .collect::<String>()
+                    .chars()
+                    .take(len)
+                    .collect()
+            })
+        };
+        let parts: Vec<StringViewArray> = (0..3)
+            .map(|_| {
+                let values: Vec<Option<String>> = (0..n / 3 + 1).map(|_| value(&mut rng)).collect();
+                StringViewArray::from(values)
+            })
+            .collect();
+        let parts: Vec<&dyn Array> = parts.iter().map(|p| p as &dyn Array).collect();
+        let whole = arrow::compute::concat(&parts).unwrap();
+        let whole = whole.as_string_view().slice(0, n);
+        // A random gather: views pointing all over every buffer.
+        let indices =
+            UInt32Array::from_iter_values((0..n).map(|_| rng.random_range(0..n.max(1)) as u32));
+        let gathered = match n {
+            0 => whole.clone(),
+            _ => arrow::compute::take(&whole, &indices, None)
+                .unwrap()
+                .as_string_view()
+                .clone(),
+        };
+        let start = rng.random_range(0..=n);
+        let sliced = gathered.slice(start, rng.random_range(0..=n - start));
+        for array in [&whole, &gathered, &sliced] {
+            let ours = compact_views(array);
+            assert_eq!(ours, array.gc(), "n={n}");
+            assert_eq!(ours, *array, "n={n}");
+            ours.to_data().validate_full().unwrap();
+            let bytes: usize = ours.data_buffers().iter().map(|b| b.len()).sum();
+            assert_eq!(
+                bytes,
+                referenced_view_bytes(array),
+                "n={n}: only what views use"
+            );
+            assert!(ours.data_buffers().len() <= 1);
+            let binary = array.clone().to_binary_view();
+            assert_eq!(compact_views(&binary), binary, "n={n}");
+        }
+    }
+}
