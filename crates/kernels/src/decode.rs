@@ -280,12 +280,9 @@ mod simd {
             let v = _mm256_i32gather_epi32::<4>(values, _mm256_min_epu32(k, clamp));
             _mm256_storeu_si256(dst.add(b * 8).cast(), v);
         }
-        let mut out = widest_lane(widest);
-        for (i, &k) in keys.iter().enumerate().skip(blocks * 8) {
-            out = out.max(k);
-            *dst.add(i) = *values.add(k.min(last) as usize);
-        }
-        out as usize
+        let lanes: [u32; 8] = std::mem::transmute(widest);
+        let widest = lanes.into_iter().max().unwrap_or(0);
+        scalar_tail(keys, blocks * 8, values, last, dst, widest)
     }
 
     /// # Safety
@@ -303,18 +300,30 @@ mod simd {
             _mm256_storeu_si256(dst.add(b * 4).cast(), v);
         }
         let lanes: [u32; 4] = std::mem::transmute(widest);
-        let mut out = lanes.into_iter().max().unwrap_or(0);
-        for (i, &k) in keys.iter().enumerate().skip(blocks * 4) {
+        let widest = lanes.into_iter().max().unwrap_or(0);
+        scalar_tail(keys, blocks * 4, values, last, dst, widest)
+    }
+
+    /// The keys from `from` on, one at a time (clamped to `last`); returns
+    /// the widest of them and `widest`.
+    ///
+    /// # Safety
+    /// `values` has `last + 1` elements; `dst` has room for `keys.len()`.
+    #[inline(always)]
+    unsafe fn scalar_tail<T: Copy>(
+        keys: &[u32],
+        from: usize,
+        values: *const T,
+        last: u32,
+        dst: *mut T,
+        widest: u32,
+    ) -> usize {
+        let mut out = widest;
+        for (i, &k) in keys.iter().enumerate().skip(from) {
             out = out.max(k);
             *dst.add(i) = *values.add(k.min(last) as usize);
         }
         out as usize
-    }
-
-    #[target_feature(enable = "avx2")]
-    unsafe fn widest_lane(v: __m256i) -> u32 {
-        let lanes: [u32; 8] = std::mem::transmute(v);
-        lanes.into_iter().max().unwrap_or(0)
     }
 }
 
