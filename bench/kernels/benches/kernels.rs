@@ -82,6 +82,9 @@ fn dictionaries(c: &mut Criterion) {
     g.bench_function("decode strings", |b| {
         b.iter(|| dictionary_decode(dict.as_ref()).unwrap())
     });
+    g.bench_function("decode strings to views", |b| {
+        b.iter(|| dictionary_decode_to_views(dict.as_ref()).unwrap())
+    });
     let codes = Int32Array::from(
         random_indices(ROWS, 1 << 16, 5)
             .into_iter()

@@ -721,6 +721,132 @@ fn string_decode_matches_cast_on_large_dictionaries() {
     }
 }
 
+/// A dictionary's values in every byte layout `dictionary_decode_to_views`
+/// takes, from one list (sliced once so offsets do not start at zero).
+fn byte_value_arrays(values: &[Option<Vec<u8>>]) -> Vec<ArrayRef> {
+    let mut padded = vec![Some(b"skipped".to_vec())];
+    padded.extend(values.iter().cloned());
+    let as_str = |v: &Option<Vec<u8>>| v.as_ref().map(|b| String::from_utf8(b.clone()).unwrap());
+    let strings: Vec<Option<String>> = padded.iter().map(as_str).collect();
+    let bins: Vec<Option<&[u8]>> = padded.iter().map(|v| v.as_deref()).collect();
+    let all: Vec<ArrayRef> = vec![
+        Arc::new(StringArray::from(strings.clone())),
+        Arc::new(LargeStringArray::from(strings.clone())),
+        Arc::new(StringViewArray::from(strings)),
+        Arc::new(BinaryArray::from(bins.clone())),
+        Arc::new(LargeBinaryArray::from(bins.clone())),
+        Arc::new(BinaryViewArray::from(bins)),
+    ];
+    all.into_iter().map(|a| a.slice(1, values.len())).collect()
+}
+
+/// Decoding to views against the naive answer (each key's value, or null),
+/// for string and binary dictionaries of every layout, values on both
+/// sides of the 12-byte inline limit, nulls in keys and values, sliced
+/// keys, and dictionaries from empty to larger than L2.
+#[test]
+fn dictionary_decode_to_views_matches_naive() {
+    let mut rng = StdRng::seed_from_u64(48);
+    for entries in [0usize, 1, 7, 300, 40_000] {
+        for longest in [0usize, 12, 13, 40] {
+            let values: Vec<Option<Vec<u8>>> = (0..entries)
+                .map(|_| {
+                    let len = rng.random_range(0..=longest);
+                    rng.random_bool(0.95)
+                        .then(|| (0..len).map(|_| rng.random_range(b'a'..=b'z')).collect())
+                })
+                .collect();
+            for n in SIZES {
+                let key = |rng: &mut StdRng| {
+                    let valid = entries > 0 && rng.random_bool(0.9);
+                    valid.then(|| rng.random_range(0..entries as i32))
+                };
+                let keys = Int32Array::from((0..n + 2).map(|_| key(&mut rng)).collect::<Vec<_>>());
+                let no_nulls = Int32Array::from(keys.values().to_vec());
+                let key_sets = if entries > 0 {
+                    vec![keys, no_nulls]
+                } else {
+                    vec![keys]
+                };
+                for keys in key_sets {
+                    let keys = keys.slice(2, n);
+                    let want: Vec<Option<&[u8]>> = keys
+                        .iter()
+                        .map(|k| k.and_then(|k| values[k as usize].as_deref()))
+                        .collect();
+                    for dictionary in byte_value_arrays(&values) {
+                        let context = format!(
+                            "{} of {entries} entries up to {longest} bytes, {n} rows",
+                            dictionary.data_type()
+                        );
+                        let dict = DictionaryArray::new(keys.clone(), Arc::clone(&dictionary));
+                        let got = dictionary_decode_to_views(&dict).unwrap();
+                        got.to_data().validate_full().unwrap();
+                        let rows: Vec<Option<&[u8]>> = match got.data_type() {
+                            DataType::Utf8View => {
+                                let utf8 = matches!(
+                                    dictionary.data_type(),
+                                    DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View
+                                );
+                                assert!(utf8, "{context}");
+                                got.as_string_view()
+                                    .iter()
+                                    .map(|v| v.map(str::as_bytes))
+                                    .collect()
+                            }
+                            DataType::BinaryView => got.as_binary_view().iter().collect(),
+                            t => panic!("{context}: decoded to {t}"),
+                        };
+                        assert_eq!(rows, want, "{context}");
+                        assert_eq!(
+                            got.null_count(),
+                            want.iter().filter(|v| v.is_none()).count()
+                        );
+                        // Views into the dictionary's bytes, never a copy.
+                        let data = got.to_data();
+                        let dictionary_data = dictionary.to_data();
+                        let owned: Vec<*const u8> = dictionary_data.buffers()
+                            [dictionary_data.buffers().len().min(1)..]
+                            .iter()
+                            .map(|b| b.as_ptr())
+                            .collect();
+                        for b in &data.buffers()[1..] {
+                            assert!(owned.contains(&b.as_ptr()), "{context}: copied bytes");
+                        }
+                        // The view dictionaries decode to views on the plain path too.
+                        if matches!(
+                            dictionary.data_type(),
+                            DataType::Utf8View | DataType::BinaryView
+                        ) {
+                            let plain = dictionary_decode(&dict).unwrap();
+                            assert_eq!(plain.as_ref(), got.as_ref(), "{context}");
+                        }
+                    }
+                }
+            }
+        }
+    }
+    let numbers = DictionaryArray::new(
+        Int32Array::from(vec![0]),
+        Arc::new(Int64Array::from(vec![1])),
+    );
+    let err = dictionary_decode_to_views(&numbers).unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("string or binary values, got Int64"),
+        "{err}"
+    );
+    let err = dictionary_decode_to_views(&Int32Array::from(vec![1])).unwrap_err();
+    assert!(err.to_string().contains("needs a dictionary"), "{err}");
+    // An empty dictionary under null keys decodes to nulls on every path.
+    let nothing = DictionaryArray::new(
+        Int32Array::from(vec![None, None]),
+        Arc::new(Int64Array::from(Vec::<i64>::new())),
+    );
+    let got = dictionary_decode(&nothing).unwrap();
+    assert_eq!((got.len(), got.null_count()), (2, 2));
+}
+
 #[test]
 fn kernels_reject_bad_input() {
     let err = argsort_columns::<u32>(&[], None, Parallelism(1)).unwrap_err();

@@ -10,7 +10,9 @@ use std::sync::Arc;
 use arrow::array::{DictionaryArray, Int32Array, StringArray, UInt64Array};
 use arrow::compute::SortOptions;
 use insitu_kernel_bench::{median_secs, random_indices, random_u64};
-use insitu_kernels::{argsort_to, dictionary_decode, gather_values, Parallelism};
+use insitu_kernels::{
+    argsort_to, dictionary_decode, dictionary_decode_to_views, gather_values, Parallelism,
+};
 
 /// A (key, row) pair as rdst and std sort it.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord)]
@@ -429,21 +431,25 @@ fn decode_section(n: usize, reps: usize, copy: f64) {
             .map(|c| c as i32)
             .collect::<Vec<_>>(),
     );
+    let decode_with =
+        |dict: &DictionaryArray<arrow::datatypes::Int32Type>,
+         kernel: &dyn Fn(&dyn arrow::array::Array) -> arrow::array::ArrayRef| {
+            median_secs(
+                reps,
+                || (),
+                |_| {
+                    (0..n)
+                        .step_by(BATCH_ROWS)
+                        .map(|at| kernel(&dict.slice(at, BATCH_ROWS.min(n - at))).len())
+                        .sum::<usize>()
+                },
+            )
+        };
     let decode = |dict: &DictionaryArray<arrow::datatypes::Int32Type>| {
-        median_secs(
-            reps,
-            || (),
-            |_| {
-                (0..n)
-                    .step_by(BATCH_ROWS)
-                    .map(|at| {
-                        dictionary_decode(&dict.slice(at, BATCH_ROWS.min(n - at)))
-                            .unwrap()
-                            .len()
-                    })
-                    .sum::<usize>()
-            },
-        )
+        decode_with(dict, &|a| dictionary_decode(a).unwrap())
+    };
+    let to_views = |dict: &DictionaryArray<arrow::datatypes::Int32Type>| {
+        decode_with(dict, &|a| dictionary_decode_to_views(a).unwrap())
     };
     let dict8 = DictionaryArray::new(
         codes.clone(),
@@ -515,11 +521,40 @@ fn decode_section(n: usize, reps: usize, copy: f64) {
     let small_words = Arc::new(StringArray::from_iter_values(
         (0..256).map(|i| format!("{:0width$}", i, width = 1 + i % 32)),
     ));
-    let ss = decode(&DictionaryArray::new(small_codes, small_words));
+    let small_dict_s = DictionaryArray::new(small_codes, small_words);
+    let ss = decode(&small_dict_s);
     row(
         "dictionary decode",
         "strings 1-32 bytes (avg 16.5), 256 entries",
         ss,
+        n,
+        copy,
+    );
+    // Into views on the dictionary's bytes: the (offset, length) index is
+    // the view, so each row is a 16-byte gather and no string is copied.
+    let vs = to_views(&dict_s);
+    row(
+        "dictionary decode",
+        "strings 1-32 bytes to views, 64Ki entries",
+        vs,
+        n,
+        copy,
+    );
+    let vss = to_views(&small_dict_s);
+    row(
+        "dictionary decode",
+        "strings 1-32 bytes to views, 256 entries",
+        vss,
+        n,
+        copy,
+    );
+    let cast_views = decode_with(&dict_s, &|a| {
+        arrow::compute::cast(a, &arrow::datatypes::DataType::Utf8View).unwrap()
+    });
+    row(
+        "dictionary decode",
+        "arrow cast strings to views (64Ki entries)",
+        cast_views,
         n,
         copy,
     );
@@ -556,6 +591,16 @@ fn decode_section(n: usize, reps: usize, copy: f64) {
             string_bytes / secs / 1e9,
             copy_bytes_per_s / 1e9,
             100.0 * (string_bytes / secs) / copy_bytes_per_s
+        );
+    }
+    // Per row: 4-byte code read, 16-byte view written.
+    let view_bytes = n as f64 * 20.0;
+    for (entries, secs) in [("64Ki", vs), ("256", vss)] {
+        println!(
+            "\nstring decode to views, {entries} entries: {:.2} G rows/s, {:.2} GB/s (codes read + views written) = {:.0}% of copy bandwidth",
+            n as f64 / secs / 1e9,
+            view_bytes / secs / 1e9,
+            100.0 * (view_bytes / secs) / copy_bytes_per_s
         );
     }
     println!(
