@@ -6,6 +6,7 @@ use std::time::Instant;
 
 use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
+use insitu_extsort::heap::HeapMeter;
 use insitu_extsort::io::{current_rss_bytes, peak_rss_bytes, return_freed_buffers};
 use insitu_extsort::{ExtsortOptions, GenOptions, Phase, Plan, KEY_BYTES, RECORD_BYTES};
 
@@ -181,8 +182,11 @@ pub fn extsort(a: ExtsortArgs) -> Result<(), String> {
         }
         bar.inc(n);
     };
+    let heap = HeapMeter::start();
     let measured = insitu_extsort::extsort(&a.input, &a.output, &options, &plan, &progress)
         .map_err(|e| e.to_string())?;
+    let heap_peak = heap.peak_bytes();
+    drop(heap);
     bar.finish_and_clear();
     let total_secs = started.elapsed().as_secs_f64();
     println!("| phase | predicted (s) | measured (s) |");
@@ -209,12 +213,23 @@ pub fn extsort(a: ExtsortArgs) -> Result<(), String> {
         100.0 * plan.io_floor_secs() / total_secs,
     );
     let peak = peak_rss_bytes();
+    let during = peak.saturating_sub(rss_before);
     println!(
-        "memory: peak RSS {} = {} before sorting (fixed) + {} sort buffers (budget {})",
+        "memory: peak RSS {} = {} before sorting (fixed) + {} during the sort",
         human_bytes(peak),
         human_bytes(rss_before),
-        human_bytes(peak.saturating_sub(rss_before)),
-        human_bytes(plan.mem_bytes)
+        human_bytes(during),
     );
+    // The heap the sort allocated is its buffers (what --mem bounds); the
+    // rest of the RSS growth is thread stacks and allocator pages.
+    match heap_peak {
+        Some(h) => println!(
+            "memory: sort heap peak {} (budget {}); thread stacks and allocator pages {}",
+            human_bytes(h),
+            human_bytes(plan.mem_bytes),
+            human_bytes(during.saturating_sub(h)),
+        ),
+        None => println!("memory: sort heap not metered (no metered allocator)"),
+    }
     Ok(())
 }

@@ -200,7 +200,7 @@ impl BlockReader {
         let (recycle, spare) = sync_channel::<AlignedBuf>(2);
         let path = path.to_path_buf();
         // Room for a block that starts and ends mid-page.
-        let cap = (block + 2 * DIRECT_ALIGN).next_multiple_of(DIRECT_ALIGN);
+        let cap = read_buffer_bytes(block);
         let thread = std::thread::Builder::new()
             .name("insitu-read".into())
             .spawn(move || {
@@ -414,6 +414,20 @@ impl Drop for BlockWriter {
 
 /// Alignment of direct I/O: buffers, file offsets and request lengths.
 const DIRECT_ALIGN: usize = 4096;
+
+/// Bytes of each buffer a [`BlockReader`] of `block`-byte blocks holds:
+/// room for a block that starts and ends mid-page. The planner counts
+/// these, not `block`, against the memory budget.
+pub fn read_buffer_bytes(block: usize) -> usize {
+    (block + 2 * DIRECT_ALIGN).next_multiple_of(DIRECT_ALIGN)
+}
+
+/// Bytes of the staging buffer a [`BlockWriter`] of `block`-byte blocks
+/// holds when it writes with `O_DIRECT` (one request).
+pub fn write_staging_bytes(block: usize) -> usize {
+    let request = (block / 4).clamp(DIRECT_REQUEST_BYTES_MIN, DIRECT_REQUEST_BYTES_MAX);
+    request / DIRECT_ALIGN * DIRECT_ALIGN
+}
 /// Bounds of the direct writer's staging buffer (one request): a quarter
 /// of the writer's block, so the staging adds little to the sort's
 /// buffers. Direct writes here: 777 MB/s at 256 KiB, 958 MB/s at 1 MiB,
@@ -434,9 +448,8 @@ struct DirectSink {
 impl DirectSink {
     /// A sink for a writer of `block`-byte blocks.
     fn new(file: File, path: &Path, block: usize) -> Result<Self> {
-        let request = (block / 4).clamp(DIRECT_REQUEST_BYTES_MIN, DIRECT_REQUEST_BYTES_MAX);
         let staging = if set_direct(&file, true) {
-            Some(AlignedBuf::new(request / DIRECT_ALIGN * DIRECT_ALIGN))
+            Some(AlignedBuf::new(write_staging_bytes(block)))
         } else {
             None
         };

@@ -7,11 +7,13 @@
 //! | [`model`] | paper 001's model: run size M, fan-in l, predicted phase times |
 //! | [`loser`] | the loser tree behind every k-way merge |
 //! | [`sort`] | the two-phase sort: radix-sorted runs, then loser-tree merge passes, with reader and writer threads overlapping I/O |
+//! | [`heap`] | the allocator-level meter behind the memory report (heap bytes at the sort's peak) |
 //!
 //! Limits: `mem_bytes_max` (the `--mem` budget for buffers),
 //! `merge_block_bytes_min` ([`model::MERGE_BLOCK_BYTES_MIN`]),
 //! `probe_bytes` ([`sort::PROBE_BYTES_MAX`]).
 
+pub mod heap;
 pub mod io;
 pub mod loser;
 pub mod model;
