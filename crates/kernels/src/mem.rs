@@ -191,9 +191,10 @@ impl ScratchPool {
             return;
         }
         let mut parked = self.lock();
-        if parked.len() >= PARKED_MAX || pooled_bytes(&parked) + bytes > self.bytes_max() {
-            return;
-        }
+        let evicted = match make_room(&mut parked, bytes, self.bytes_max()) {
+            Some(evicted) => evicted,
+            None => return,
+        };
         let mut v = std::mem::ManuallyDrop::new(v);
         parked.push(Parked {
             ptr: NonNull::new(v.as_mut_ptr() as *mut u8).expect("a non-empty Vec has a pointer"),
@@ -201,6 +202,8 @@ impl ScratchPool {
             align: std::mem::align_of::<T>(),
             init_bytes: v.len() * size,
         });
+        drop(parked);
+        evicted.into_iter().for_each(free);
     }
 
     /// `v` as an Arrow buffer whose memory returns to this pool (or is
@@ -251,6 +254,44 @@ fn pooled_capacity<T>(n: usize) -> usize {
     }
     let step = (1usize << bytes.ilog2()) / 8;
     bytes.next_multiple_of(step).div_ceil(size)
+}
+
+/// Makes room in `parked` for a buffer of `bytes`: nothing to do if it
+/// fits; else, if evicting smaller buffers (smallest first) frees enough,
+/// removes and returns them; else `None` (the new buffer is not parked).
+///
+/// Larger buffers win because a request is met only by a parked buffer
+/// of at least its size: a table sort's packed rows (hundreds of MiB)
+/// were turned away by a pool full of IPC chunks (a few MiB each, which
+/// any later chunk request can use), and the next sort faulted them in
+/// afresh.
+fn make_room(parked: &mut Vec<Parked>, bytes: usize, bytes_max: usize) -> Option<Vec<Parked>> {
+    let held = pooled_bytes(parked);
+    if parked.len() < PARKED_MAX && held + bytes <= bytes_max {
+        return Some(Vec::new());
+    }
+    if bytes > bytes_max {
+        return None;
+    }
+    let mut smaller: Vec<usize> = (0..parked.len())
+        .filter(|&i| parked[i].bytes < bytes)
+        .collect();
+    smaller.sort_by_key(|&i| parked[i].bytes);
+    let (mut freed, mut count) = (0usize, 0usize);
+    for &i in &smaller {
+        if held - freed + bytes <= bytes_max && parked.len() - count < PARKED_MAX {
+            break;
+        }
+        freed += parked[i].bytes;
+        count += 1;
+    }
+    if held - freed + bytes > bytes_max || parked.len() - count >= PARKED_MAX {
+        return None;
+    }
+    let mut victims = smaller[..count].to_vec();
+    // Remove from the back so earlier indices stay valid.
+    victims.sort_unstable_by(|a, b| b.cmp(a));
+    Some(victims.into_iter().map(|i| parked.swap_remove(i)).collect())
 }
 
 fn pooled_bytes(parked: &[Parked]) -> usize {
@@ -376,6 +417,37 @@ mod tests {
         assert_eq!(pool.bytes(), HUGE_BYTES_MIN);
         pool.set_bytes_max(0);
         assert_eq!(pool.bytes(), 0);
+    }
+
+    #[test]
+    fn evicting_smaller_buffers_parks_a_larger_one() {
+        let pool: &'static ScratchPool = Box::leak(Box::new(ScratchPool::new()));
+        let unit = POOLED_BYTES_MIN;
+        pool.set_bytes_max(10 * unit);
+        // Full of small buffers: 1, 2, 3 and 4 units.
+        for k in 1..=4 {
+            pool.recycle(vec![k as u8; k * unit]);
+        }
+        assert_eq!(pool.bytes(), 10 * unit);
+        // A 5-unit buffer evicts the smallest until it fits: 1, 2 and 3.
+        let big = vec![9u8; 5 * unit];
+        let big_ptr = big.as_ptr() as usize;
+        pool.recycle(big);
+        assert_eq!(pool.bytes(), 9 * unit, "4 + 5 units parked");
+        let taken: Vec<u8> = pool.take_vec_filled(5 * unit);
+        assert_eq!(
+            taken.as_ptr() as usize,
+            big_ptr,
+            "the large buffer was kept"
+        );
+        pool.recycle(taken);
+        // No room even after evicting every smaller buffer: nothing changes.
+        pool.recycle(vec![0u8; 11 * unit]);
+        assert_eq!(pool.bytes(), 9 * unit);
+        // Smaller than everything parked and no room: not parked, nothing evicted.
+        pool.recycle(vec![0u8; 2 * unit]);
+        assert_eq!(pool.bytes(), 9 * unit);
+        pool.set_bytes_max(0);
     }
 
     #[test]
