@@ -15,7 +15,7 @@
 //! costs one relaxed atomic load more than `System`'s.
 
 use std::alloc::{GlobalAlloc, Layout, System};
-use std::sync::atomic::{AtomicBool, AtomicIsize, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicIsize, AtomicUsize, Ordering::Relaxed};
 
 /// The system allocator, counting bytes while a [`HeapMeter`] runs.
 /// Install it with `#[global_allocator]` in a binary that reports memory.
@@ -24,10 +24,13 @@ pub struct MeteredAllocator;
 static METERING: AtomicBool = AtomicBool::new(false);
 static LIVE: AtomicIsize = AtomicIsize::new(0);
 static PEAK: AtomicIsize = AtomicIsize::new(0);
+/// Calls counted while metering: nonzero only through [`MeteredAllocator`].
+static CALLS: AtomicUsize = AtomicUsize::new(0);
 
 #[inline(always)]
 fn note(delta: isize) {
     if METERING.load(Relaxed) {
+        CALLS.fetch_add(1, Relaxed);
         let live = LIVE.fetch_add(delta, Relaxed) + delta;
         PEAK.fetch_max(live, Relaxed);
     }
@@ -77,12 +80,13 @@ impl HeapMeter {
     pub fn start() -> Self {
         LIVE.store(0, Relaxed);
         PEAK.store(0, Relaxed);
+        CALLS.store(0, Relaxed);
         METERING.store(true, Relaxed);
         // A probe allocation tells whether `MeteredAllocator` is the
         // global allocator at all (else nothing is ever counted).
         let probe = std::hint::black_box(Box::new([0u8; 64]));
-        let installed = LIVE.load(Relaxed) >= 64;
         drop(probe);
+        let installed = CALLS.load(Relaxed) > 0;
         PEAK.store(LIVE.load(Relaxed), Relaxed);
         HeapMeter { installed }
     }
@@ -97,5 +101,20 @@ impl HeapMeter {
 impl Drop for HeapMeter {
     fn drop(&mut self) {
         METERING.store(false, Relaxed);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// This test binary keeps the default allocator: the meter says so
+    /// rather than report a peak of zero.
+    #[test]
+    fn without_the_metered_allocator_nothing_is_reported() {
+        let meter = HeapMeter::start();
+        let v = vec![1u8; 1 << 20];
+        assert_eq!(meter.peak_bytes(), None);
+        std::hint::black_box(v);
     }
 }
