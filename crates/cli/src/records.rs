@@ -223,11 +223,19 @@ pub fn extsort(a: ExtsortArgs) -> Result<(), String> {
     // The heap the sort allocated is its buffers (what --mem bounds); the
     // rest of the RSS growth is thread stacks and allocator pages.
     match heap_peak {
-        Some(h) => println!(
+        Some(h) if during >= h => println!(
             "memory: sort heap peak {} (budget {}); thread stacks and allocator pages {}",
             human_bytes(h),
             human_bytes(plan.mem_bytes),
-            human_bytes(during.saturating_sub(h)),
+            human_bytes(during - h),
+        ),
+        // Large zeroed buffers come from fresh pages that stay unmapped
+        // until written: the RSS can grow less than the heap.
+        Some(h) => println!(
+            "memory: sort heap peak {} (budget {}); {} of it never written, so never resident",
+            human_bytes(h),
+            human_bytes(plan.mem_bytes),
+            human_bytes(h - during),
         ),
         None => println!("memory: sort heap not metered (no metered allocator)"),
     }
