@@ -44,10 +44,14 @@ use crate::mem::{pooled_buffer, recycle, take_vec, Pod};
 pub fn dictionary_decode(array: &dyn Array) -> Result<ArrayRef, ArrowError> {
     downcast_dictionary_array!(
         array => decode_typed(array),
-        t => Err(ArrowError::InvalidArgumentError(format!(
-            "dictionary decode needs a dictionary array, got {t}"
-        )))
+        t => Err(not_a_dictionary(t))
     )
+}
+
+fn not_a_dictionary(t: &DataType) -> ArrowError {
+    ArrowError::InvalidArgumentError(format!(
+        "dictionary decode needs a dictionary array, got {t}"
+    ))
 }
 
 fn decode_typed<K: ArrowDictionaryKeyType>(
@@ -629,9 +633,7 @@ fn copy_values(
 pub fn dictionary_decode_to_views(array: &dyn Array) -> Result<ArrayRef, ArrowError> {
     downcast_dictionary_array!(
         array => decode_to_views(array),
-        t => Err(ArrowError::InvalidArgumentError(format!(
-            "dictionary decode needs a dictionary array, got {t}"
-        )))
+        t => Err(not_a_dictionary(t))
     )
 }
 

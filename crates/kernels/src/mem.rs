@@ -267,28 +267,20 @@ fn pooled_capacity<T>(n: usize) -> usize {
 /// afresh.
 fn make_room(parked: &mut Vec<Parked>, bytes: usize, bytes_max: usize) -> Option<Vec<Parked>> {
     let held = pooled_bytes(parked);
-    if parked.len() < PARKED_MAX && held + bytes <= bytes_max {
-        return Some(Vec::new());
-    }
-    if bytes > bytes_max {
-        return None;
-    }
+    let fits = |freed: usize, evicted: usize| {
+        held - freed + bytes <= bytes_max && parked.len() - evicted < PARKED_MAX
+    };
     let mut smaller: Vec<usize> = (0..parked.len())
         .filter(|&i| parked[i].bytes < bytes)
         .collect();
     smaller.sort_by_key(|&i| parked[i].bytes);
-    let (mut freed, mut count) = (0usize, 0usize);
-    for &i in &smaller {
-        if held - freed + bytes <= bytes_max && parked.len() - count < PARKED_MAX {
-            break;
-        }
-        freed += parked[i].bytes;
-        count += 1;
+    let (mut freed, mut evicted) = (0usize, 0usize);
+    while !fits(freed, evicted) {
+        // Out of smaller buffers: the new one is not parked.
+        freed += parked[*smaller.get(evicted)?].bytes;
+        evicted += 1;
     }
-    if held - freed + bytes > bytes_max || parked.len() - count >= PARKED_MAX {
-        return None;
-    }
-    let mut victims = smaller[..count].to_vec();
+    let mut victims = smaller[..evicted].to_vec();
     // Remove from the back so earlier indices stay valid.
     victims.sort_unstable_by(|a, b| b.cmp(a));
     Some(victims.into_iter().map(|i| parked.swap_remove(i)).collect())
