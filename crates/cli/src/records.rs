@@ -8,7 +8,9 @@ use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
 use insitu_extsort::heap::HeapMeter;
 use insitu_extsort::io::{current_rss_bytes, peak_rss_bytes, return_freed_buffers};
-use insitu_extsort::{ExtsortOptions, GenOptions, Phase, Plan, KEY_BYTES, RECORD_BYTES};
+use insitu_extsort::{
+    CodecChoice, ExtsortOptions, GenOptions, Phase, Plan, RunCodec, KEY_BYTES, RECORD_BYTES,
+};
 
 use crate::units::{human_bytes, parse_bytes};
 
@@ -57,8 +59,13 @@ pub struct ExtsortArgs {
     /// Threads for the in-memory sort.
     #[arg(long, default_value_t = 2)]
     pub threads: usize,
-    /// Print the plan (run size, fan-in, passes, predicted phase times)
-    /// and stop without sorting.
+    /// How sorted runs are stored: auto (the model measures LZ4 and Snappy
+    /// on a sample of IN and compresses runs only if that predicts a
+    /// faster sort), none, lz4 or snappy. OUT is never compressed.
+    #[arg(long, default_value = "auto", value_name = "CODEC")]
+    pub run_codec: CodecChoice,
+    /// Print the plan (run size, fan-in, passes, run codec, predicted
+    /// phase times) and stop without sorting.
     #[arg(long)]
     pub explain: bool,
 }
@@ -144,6 +151,30 @@ fn print_plan(p: &Plan) {
         p.merge_passes,
         human_bytes(p.merge_block_bytes)
     );
+    let codec = |c: RunCodec| {
+        let r = p.rates.codec(c);
+        if r.compress.is_finite() {
+            format!(
+                "{c} {:.2}x at {} compress, {} decompress",
+                r.ratio,
+                mb(r.compress),
+                mb(r.decompress)
+            )
+        } else {
+            format!("{c} not measured")
+        }
+    };
+    println!(
+        "runs: {}{}; codecs on IN's first records, per thread: {}; {}",
+        p.run_codec,
+        if p.run_codec == RunCodec::None {
+            String::new()
+        } else {
+            format!(" in frames of {}", human_bytes(p.frame_bytes))
+        },
+        codec(RunCodec::Lz4),
+        codec(RunCodec::Snappy),
+    );
     println!(
         "predicted: sort phase {:.2} s, merge phase {:.2} s, total {:.2} s (I/O floor {:.2} s)",
         p.predicted_sort_secs,
@@ -163,6 +194,7 @@ pub fn extsort(a: ExtsortArgs) -> Result<(), String> {
         mem_bytes: a.mem as u64,
         tmp_dir: a.tmp.clone(),
         threads: a.threads.max(1),
+        run_codec: a.run_codec,
     };
     return_freed_buffers();
     let started = Instant::now();
@@ -211,6 +243,11 @@ pub fn extsort(a: ExtsortArgs) -> Result<(), String> {
         plan.input_bytes as f64 / total_secs / 1e6,
         plan.io_floor_secs(),
         100.0 * plan.io_floor_secs() / total_secs,
+    );
+    println!(
+        "written: {} to runs ({}) and OUT",
+        human_bytes(measured.bytes_written.saturating_sub(plan.input_bytes)),
+        plan.run_codec
     );
     let peak = peak_rss_bytes();
     let during = peak.saturating_sub(rss_before);

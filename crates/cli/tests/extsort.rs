@@ -68,7 +68,7 @@ fn sorts_with_zero_to_three_merge_passes_keeping_every_record() {
         gensort(records, &input, &["--seed", &records.to_string()]);
         let (sorted, n, checksum, _) = valsort(&input);
         assert!(!sorted && n == records);
-        let (ok, out, err) = extsort(&input, &output, "3MiB", &[]);
+        let (ok, out, err) = extsort(&input, &output, "3MiB", &["--run-codec", "none"]);
         assert!(ok, "{out}\n{err}");
         assert_eq!(merge_passes(&out), passes, "{records} records:\n{out}");
         assert!(
@@ -85,6 +85,85 @@ fn sorts_with_zero_to_three_merge_passes_keeping_every_record() {
         .filter(|n| n.starts_with('.'))
         .collect();
     assert!(leftovers.is_empty(), "temporary files left: {leftovers:?}");
+}
+
+/// Bytes the sort wrote to runs: "written: N UNIT to runs (CODEC) and OUT".
+fn run_bytes_written(out: &str) -> f64 {
+    let line = out
+        .lines()
+        .find_map(|l| l.strip_prefix("written: "))
+        .unwrap_or_else(|| panic!("no written line:\n{out}"));
+    let mut words = line.split_whitespace();
+    let value: f64 = words.next().and_then(|v| v.parse().ok()).expect("number");
+    let scale = match words.next() {
+        Some("B") => 1.0,
+        Some("KiB") => 1024.0,
+        Some("MiB") => 1024.0 * 1024.0,
+        other => panic!("unit {other:?} in {line}"),
+    };
+    value * scale
+}
+
+/// Runs stored as LZ4 or Snappy frames, merged in 1, 2 and 3 passes: the
+/// output holds the input's records in order, and the runs took fewer
+/// bytes than the records in them.
+#[test]
+fn sorts_through_compressed_runs_with_each_codec() {
+    let dir = tempfile::tempdir().unwrap();
+    for codec in ["lz4", "snappy"] {
+        // 2 MiB: runs of at most ~320 KiB, fan-in at most ~7.
+        for (records, passes_min) in [(10_000u64, 1u32), (40_000, 2), (200_000, 3)] {
+            let input = dir.path().join(format!("in-{records}"));
+            if !input.exists() {
+                gensort(
+                    records,
+                    &input,
+                    &["--seed", &records.to_string(), "--ascii"],
+                );
+            }
+            let (_, n, checksum, _) = valsort(&input);
+            let output = dir.path().join(format!("out-{codec}-{records}"));
+            let (ok, out, err) = extsort(&input, &output, "2MiB", &["--run-codec", codec]);
+            assert!(ok, "{out}\n{err}");
+            assert!(
+                out.contains(&format!("runs: {codec} in frames of")),
+                "{out}"
+            );
+            let passes = merge_passes(&out);
+            assert!(
+                passes >= passes_min,
+                "{codec} {records}: {passes} passes\n{out}"
+            );
+            let (sorted, got, sum, _) = valsort(&output);
+            assert!(sorted, "{codec} {records}: out of order");
+            assert_eq!((got, sum), (n, checksum), "{codec} {records}: same records");
+            // Plain runs would take the input once per pass before the last.
+            let plain = (records * 100 * u64::from(passes)) as f64;
+            let stored = run_bytes_written(&out);
+            assert!(
+                stored < plain / 1.5,
+                "{codec}: {stored} bytes of runs, plain {plain}"
+            );
+            std::fs::remove_file(&output).unwrap();
+        }
+    }
+    // Only the inputs remain: runs and temporaries are gone.
+    let left: Vec<_> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| !n.starts_with("in-"))
+        .collect();
+    assert!(left.is_empty(), "{left:?}");
+    let (ok, _, err) = extsort(
+        &dir.path().join("in-10000"),
+        &dir.path().join("o"),
+        "2MiB",
+        &["--run-codec", "zip"],
+    );
+    assert!(
+        !ok && err.contains("zip") && err.contains("snappy"),
+        "{err}"
+    );
 }
 
 #[test]
@@ -107,13 +186,19 @@ fn sorts_skewed_ascii_and_all_equal_keys() {
     let equal = dir.path().join("equal");
     std::fs::write(&equal, &bytes).unwrap();
     let (_, _, checksum, _) = valsort(&equal);
-    let out = dir.path().join("equal.sorted");
-    let (ok, o, err) = extsort(&equal, &out, "2MiB", &[]);
-    assert!(ok, "{o}{err}");
-    let (sorted, n, sum, dups) = valsort(&out);
-    assert!(sorted && n == 50_000 && sum == checksum && dups == 49_999);
-    // All keys equal and the merge is stable: the records keep input order.
-    assert_eq!(std::fs::read(&out).unwrap(), bytes);
+    for codec in ["none", "lz4", "snappy"] {
+        let out = dir.path().join(format!("equal.sorted.{codec}"));
+        let (ok, o, err) = extsort(&equal, &out, "2MiB", &["--run-codec", codec]);
+        assert!(ok, "{o}{err}");
+        let (sorted, n, sum, dups) = valsort(&out);
+        assert!(sorted && n == 50_000 && sum == checksum && dups == 49_999);
+        // All keys equal and the merge is stable: the records keep input
+        // order, through compressed runs too.
+        assert!(
+            std::fs::read(&out).unwrap() == bytes,
+            "{codec}: order changed"
+        );
+    }
 }
 
 #[test]
@@ -121,8 +206,15 @@ fn holds_memory_within_the_budget_plus_a_fixed_overhead() {
     let dir = tempfile::tempdir().unwrap();
     let input = dir.path().join("in");
     gensort(400_000, &input, &[]); // 40 MB, 5x the budget
-    let (ok, out, err) = extsort(&input, &dir.path().join("out"), "8MiB", &[]);
-    assert!(ok, "{out}{err}");
+    for codec in ["none", "lz4"] {
+        let out = dir.path().join(format!("out-{codec}"));
+        let (ok, out, err) = extsort(&input, &out, "8MiB", &["--run-codec", codec]);
+        assert!(ok, "{out}{err}");
+        assert_memory_within_8_mib(&out);
+    }
+}
+
+fn assert_memory_within_8_mib(out: &str) {
     // "memory: peak RSS A MiB = B MiB before sorting (fixed) + C MiB during the sort"
     // "memory: sort heap peak D MiB (budget 8.00 MiB); thread stacks and allocator pages E KiB"
     let lines: Vec<&str> = out.lines().filter(|l| l.starts_with("memory:")).collect();

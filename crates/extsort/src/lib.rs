@@ -7,12 +7,14 @@
 //! | [`model`] | paper 001's model: run size M, fan-in l, predicted phase times |
 //! | [`loser`] | the loser tree behind every k-way merge |
 //! | [`sort`] | the two-phase sort: radix-sorted runs, then loser-tree merge passes, with reader and writer threads overlapping I/O |
+//! | [`codec`] | compressed runs: frames of records, LZ4 or Snappy, and the codecs' measured rates |
 //! | [`heap`] | the allocator-level meter behind the memory report (heap bytes at the sort's peak) |
 //!
 //! Limits: `mem_bytes_max` (the `--mem` budget for buffers),
 //! `merge_block_bytes_min` ([`model::MERGE_BLOCK_BYTES_MIN`]),
 //! `probe_bytes` ([`sort::PROBE_BYTES_MAX`]).
 
+pub mod codec;
 pub mod heap;
 pub mod io;
 pub mod loser;
@@ -20,6 +22,7 @@ pub mod model;
 pub mod record;
 pub mod sort;
 
+pub use codec::{CodecChoice, RunCodec};
 pub use model::{Plan, Rates};
 pub use record::{gensort, valsort, GenOptions, Validation, KEY_BYTES, RECORD_BYTES};
 pub use sort::{extsort, plan_sort, ExtsortOptions, Measured, Phase};

@@ -17,6 +17,22 @@
 //! β_merge2 are this machine's rates, measured at start on a sample of S
 //! bytes; the paper's FPGA kernels had fixed ones.
 //!
+//! Compressed runs ([`crate::codec`]: ratio ρ, per-thread compress and
+//! decompress rates κ and δ, T threads) change the parts. The writer
+//! thread compresses while the next block is gathered, so the sort phase
+//! shares the cores between sorting and compressing and writes at
+//! ρ·β_write; a merge reads at ρ·β_read while its readers decompress:
+//!
+//! ```text
+//!   sort phase   t1 = N / min(β_read, 1 / (1/β_sort(M) + 1/(T·κ)), ρ·β_write)
+//!   last merge   t2 = N / min(ρ·β_read, β_merge(l), T / (1/β_merge(l) + 1/δ), β_write)
+//! ```
+//!
+//! (a pass that writes a run also compresses its output in the writer
+//! thread, and writes at ρ·β_write). The planner plans each allowed codec
+//! and keeps the one with the least predicted total; ties keep runs
+//! uncompressed.
+//!
 //! Choosing M: the paper takes the smallest M that adds no merge pass,
 //! because its hardware merge tree runs at the same speed whatever its
 //! fan-in. A CPU loser tree pays log2(l) comparisons per record, so here M
@@ -24,7 +40,8 @@
 //! to the smaller M, the paper's rule), and l is the smallest fan-in that
 //! needs no extra pass.
 
-use crate::io::{read_buffer_bytes, write_staging_bytes};
+use crate::codec::{frame_bytes_max, stored_bytes_max, CodecChoice, CodecRate, RunCodec};
+use crate::io::{aligned_bytes, read_buffer_bytes, write_staging_bytes};
 use crate::{ExtsortError, Result};
 
 /// Smallest block a merge reads from one run or writes at once
@@ -42,6 +59,10 @@ const SORT_BYTES_PER_RECORD: u64 = 40;
 /// eq. 3: the kernels' insertion-sorted small blocks).
 const SORT_BLOCK_RECORDS: f64 = 48.0;
 
+/// Largest frame of a compressed run (`frame_bytes_max`): the unit a
+/// merge's reader decompresses, so it bounds the reader's buffers.
+pub const FRAME_BYTES_MAX: u64 = 1 << 20;
+
 /// Rates the model runs on, bytes per second.
 #[derive(Debug, Clone, Copy)]
 pub struct Rates {
@@ -54,9 +75,22 @@ pub struct Rates {
     /// Merge CPU rate for a 2-way merge; l-way costs log2(l) times more
     /// comparisons per record.
     pub merge2: f64,
+    /// Threads the sort and the compression use.
+    pub threads: u32,
+    /// The codecs on a sample of the input, per thread.
+    pub lz4: CodecRate,
+    pub snappy: CodecRate,
 }
 
 impl Rates {
+    pub fn codec(&self, codec: RunCodec) -> CodecRate {
+        match codec {
+            RunCodec::None => CodecRate::NONE,
+            RunCodec::Lz4 => self.lz4,
+            RunCodec::Snappy => self.snappy,
+        }
+    }
+
     pub fn merge(&self, fan_in: u64) -> f64 {
         self.merge2 / (fan_in.max(2) as f64).log2()
     }
@@ -87,6 +121,9 @@ pub struct Plan {
     pub merge_block_bytes: u64,
     /// Block the sort phase writes runs in.
     pub sort_block_bytes: u64,
+    /// How runs are stored, and their frames' raw size.
+    pub run_codec: RunCodec,
+    pub frame_bytes: u64,
     pub rates: Rates,
     pub predicted_sort_secs: f64,
     pub predicted_merge_secs: f64,
@@ -104,24 +141,78 @@ impl Plan {
     }
 }
 
-/// Bytes a merge of `fan_in` runs in `block`-byte blocks holds: two read
-/// buffers per run (one being merged, one being read), two output blocks
-/// (one being filled, one being written) and the writer's staging request.
+/// How runs are written: the codec and its frames' raw size.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RunFormat {
+    pub codec: RunCodec,
+    pub frame: u64,
+}
+
+impl RunFormat {
+    pub const PLAIN: RunFormat = RunFormat {
+        codec: RunCodec::None,
+        frame: 0,
+    };
+
+    fn compressed(self) -> bool {
+        self.codec != RunCodec::None
+    }
+
+    /// Most bytes `raw` record bytes take in a run.
+    fn stored_max(self, raw: u64) -> u64 {
+        if self.compressed() {
+            stored_bytes_max(raw as usize, self.frame as usize) as u64
+        } else {
+            raw
+        }
+    }
+}
+
+/// Bytes a merge of `fan_in` runs in `block`-byte blocks holds.
+///
+/// Plain runs: two read buffers per run (one being merged, one being
+/// read), two output blocks (one being filled, one being written) and the
+/// writer's staging request. Compressed runs: per run two raw frames and
+/// the stored frame being read; on the output side two raw blocks and the
+/// two the writer compresses them into (one compressed, one written; only
+/// a pass that writes a run compresses, but one formula serves all).
 /// The buffers as the reader and writer allocate them, alignment included:
 /// the heap meter of `insitu extsort` checks this against the budget.
-pub fn merge_footprint_bytes(fan_in: u64, block: u64) -> u64 {
+pub fn merge_footprint_bytes(fan_in: u64, block: u64, format: RunFormat) -> u64 {
     let block_usize = block as usize;
-    2 * fan_in * read_buffer_bytes(block_usize) as u64
+    if !format.compressed() {
+        return 2 * fan_in * read_buffer_bytes(block_usize) as u64
+            + 2 * block
+            + write_staging_bytes(block_usize) as u64;
+    }
+    let frame = format.frame as usize;
+    let per_run = 2 * aligned_bytes(frame) + read_buffer_bytes(frame_bytes_max(frame));
+    let stored_block = format.stored_max(block);
+    fan_in * per_run as u64
         + 2 * block
-        + write_staging_bytes(block_usize) as u64
+        + 2 * stored_block
+        + write_staging_bytes(stored_block as usize) as u64
 }
 
 /// Bytes the sort phase holds besides the run's records and their keys:
-/// two output blocks, the writer's staging request, and the two read
+/// two output blocks, the two the writer compresses them into when runs
+/// are compressed, the writer's staging request, and the two read
 /// buffers' alignment room.
-fn sort_overhead_bytes(sort_block: u64) -> u64 {
+fn sort_overhead_bytes(sort_block: u64, format: RunFormat) -> u64 {
     let alignment_room = read_buffer_bytes(1) as u64 - 1;
-    2 * sort_block + write_staging_bytes(sort_block as usize) as u64 + 2 * alignment_room
+    let stored = format.stored_max(sort_block);
+    let compressed_blocks = if format.compressed() { 2 * stored } else { 0 };
+    2 * sort_block
+        + compressed_blocks
+        + write_staging_bytes(stored as usize) as u64
+        + 2 * alignment_room
+}
+
+/// Raw bytes per frame of a compressed run in a budget of `mem`: whole
+/// records, at most [`FRAME_BYTES_MAX`] and 1/64 of the budget, so that a
+/// small budget still merges many runs.
+fn frame_bytes(mem: u64, record_size: u64) -> u64 {
+    (FRAME_BYTES_MAX.min(mem / 64) / record_size).max(1) * record_size
 }
 
 /// Heap the sort holds besides its buffers, set aside from the budget
@@ -133,13 +224,14 @@ pub const BOOKKEEPING_BYTES: u64 = 128 << 10;
 /// The smallest memory budget that can merge: two runs in blocks of
 /// [`MERGE_BLOCK_BYTES_MIN`], and the bookkeeping.
 pub fn min_mem_bytes() -> u64 {
-    merge_footprint_bytes(2, MERGE_BLOCK_BYTES_MIN) + BOOKKEEPING_BYTES
+    merge_footprint_bytes(2, MERGE_BLOCK_BYTES_MIN, RunFormat::PLAIN) + BOOKKEEPING_BYTES
 }
 
 /// Largest run the sort phase can hold in `mem`: two input buffers
 /// (double buffering), the keys and indices, and the output side.
-fn max_run_bytes(mem: u64, record_size: u64) -> u64 {
-    let budget = mem.saturating_sub(sort_overhead_bytes(sort_block_bytes(mem, record_size)));
+fn max_run_bytes(mem: u64, record_size: u64, format: RunFormat) -> u64 {
+    let overhead = sort_overhead_bytes(sort_block_bytes(mem, record_size), format);
+    let budget = mem.saturating_sub(overhead);
     let per_record = 2 * record_size + SORT_BYTES_PER_RECORD;
     (budget / per_record) * record_size
 }
@@ -151,9 +243,11 @@ fn sort_block_bytes(mem: u64, record_size: u64) -> u64 {
 }
 
 /// Most runs one merge can take in blocks of [`MERGE_BLOCK_BYTES_MIN`].
-fn max_fan_in(mem: u64) -> u64 {
-    let mut fan_in = (mem / (2 * MERGE_BLOCK_BYTES_MIN)).saturating_sub(1);
-    while fan_in > 0 && merge_footprint_bytes(fan_in, MERGE_BLOCK_BYTES_MIN) > mem {
+fn max_fan_in(mem: u64, format: RunFormat) -> u64 {
+    let block = MERGE_BLOCK_BYTES_MIN;
+    let per_run = merge_footprint_bytes(2, block, format) - merge_footprint_bytes(1, block, format);
+    let mut fan_in = mem / per_run;
+    while fan_in > 0 && merge_footprint_bytes(fan_in, block, format) > mem {
         fan_in -= 1;
     }
     fan_in
@@ -161,15 +255,15 @@ fn max_fan_in(mem: u64) -> u64 {
 
 /// The largest merge block (whole records, at most
 /// [`MERGE_BLOCK_BYTES_MAX`]) whose merge of `fan_in` runs fits in `mem`.
-fn merge_block_bytes(mem: u64, fan_in: u64, record_size: u64) -> u64 {
+fn merge_block_bytes(mem: u64, fan_in: u64, record_size: u64, format: RunFormat) -> u64 {
     let (mut fits, mut over) = (1u64, MERGE_BLOCK_BYTES_MAX / record_size + 1);
-    if merge_footprint_bytes(fan_in, record_size) > mem {
+    if merge_footprint_bytes(fan_in, record_size, format) > mem {
         return record_size;
     }
     // Binary search in records: the footprint grows with the block.
     while over - fits > 1 {
         let mid = (fits + over) / 2;
-        if merge_footprint_bytes(fan_in, mid * record_size) <= mem {
+        if merge_footprint_bytes(fan_in, mid * record_size, format) <= mem {
             fits = mid;
         } else {
             over = mid;
@@ -192,8 +286,15 @@ fn passes(runs: u64, fan_in: u64) -> u32 {
     p
 }
 
-/// Plans sorting `input_bytes` of `record_size`-byte records in `mem` bytes.
-pub fn plan(input_bytes: u64, record_size: u64, mem: u64, rates: Rates) -> Result<Plan> {
+/// Plans sorting `input_bytes` of `record_size`-byte records in `mem`
+/// bytes, with runs stored as `choice` allows.
+pub fn plan(
+    input_bytes: u64,
+    record_size: u64,
+    mem: u64,
+    rates: Rates,
+    choice: CodecChoice,
+) -> Result<Plan> {
     if mem < min_mem_bytes() {
         return Err(ExtsortError::Invalid(format!(
             "--mem {mem} bytes is too small: a merge needs at least {} bytes \
@@ -202,16 +303,55 @@ pub fn plan(input_bytes: u64, record_size: u64, mem: u64, rates: Rates) -> Resul
             MERGE_BLOCK_BYTES_MIN
         )));
     }
-    let budget = mem;
+    let mut best: Option<Plan> = None;
+    for codec in RunCodec::ALL.into_iter().filter(|&c| choice.allows(c)) {
+        let format = RunFormat {
+            codec,
+            frame: if codec == RunCodec::None {
+                0
+            } else {
+                frame_bytes(mem - BOOKKEEPING_BYTES, record_size)
+            },
+        };
+        let Some(p) = plan_format(input_bytes, record_size, mem, rates, format)? else {
+            continue;
+        };
+        // Strictly faster only: ties keep the plainer format (listed first).
+        if best
+            .as_ref()
+            .is_none_or(|b| p.predicted_total_secs() < b.predicted_total_secs())
+        {
+            best = Some(p);
+        }
+    }
+    best.ok_or_else(|| {
+        ExtsortError::Invalid(format!(
+            "--mem {mem} bytes cannot merge two {choice} runs; allow a larger budget or another codec"
+        ))
+    })
+}
+
+/// The best plan with runs written as `format`, or `None` if that format
+/// cannot merge in `mem` (compressed runs need room for their frames).
+fn plan_format(
+    input_bytes: u64,
+    record_size: u64,
+    budget: u64,
+    rates: Rates,
+    format: RunFormat,
+) -> Result<Option<Plan>> {
     // What the buffers may use; the rest is the bookkeeping's.
-    let mem = mem - BOOKKEEPING_BYTES;
-    let run_max = max_run_bytes(mem, record_size);
+    let mem = budget - BOOKKEEPING_BYTES;
+    let run_max = max_run_bytes(mem, record_size, format);
     if run_max < record_size {
         return Err(ExtsortError::Invalid(format!(
             "--mem {budget} bytes cannot hold even one {record_size}-byte record to sort"
         )));
     }
-    let fan_max = max_fan_in(mem);
+    let fan_max = max_fan_in(mem, format);
+    if fan_max < 2 {
+        return Ok(None);
+    }
     let records = input_bytes.div_ceil(record_size).max(1);
     // Candidates: the largest run, and halvings of it down to one block.
     let mut candidates = vec![];
@@ -224,18 +364,19 @@ pub fn plan(input_bytes: u64, record_size: u64, mem: u64, rates: Rates) -> Resul
         let runs = input_bytes.div_ceil(run_bytes).max(1);
         let merge_passes = passes(runs, fan_max);
         // The smallest fan-in that needs no extra pass.
-        let fan_in = (2..=fan_max.max(2))
+        let fan_in = (2..=fan_max)
             .find(|&l| passes(runs, l) <= merge_passes)
-            .unwrap_or(fan_max)
-            .max(2);
-        let n = input_bytes as f64;
-        let sort = rates
-            .read
-            .min(rates.sort(run_bytes, record_size))
-            .min(rates.write);
-        let merge = rates.read.min(rates.merge(fan_in)).min(rates.write);
-        let t1 = n / sort;
-        let t2 = merge_passes as f64 * n / merge;
+            .unwrap_or(fan_max);
+        let (t1, t2) = phase_secs(
+            input_bytes,
+            record_size,
+            run_bytes,
+            runs,
+            fan_in,
+            merge_passes,
+            &rates,
+            format,
+        );
         (run_bytes, runs, merge_passes, fan_in, t1, t2)
     };
     let best = candidates
@@ -244,8 +385,10 @@ pub fn plan(input_bytes: u64, record_size: u64, mem: u64, rates: Rates) -> Resul
         .min_by(|a, b| (a.4 + a.5).total_cmp(&(b.4 + b.5)).then(a.0.cmp(&b.0)))
         .expect("at least one candidate");
     let (run_bytes, runs, merge_passes, fan_in, predicted_sort_secs, predicted_merge_secs) = best;
-    let merge_block_bytes = merge_block_bytes(mem, fan_in, record_size);
-    Ok(Plan {
+    // One run is OUT itself: nothing is stored, so nothing compressed.
+    let format = if runs <= 1 { RunFormat::PLAIN } else { format };
+    let merge_block_bytes = merge_block_bytes(mem, fan_in, record_size, format);
+    Ok(Some(Plan {
         input_bytes,
         record_size,
         mem_bytes: budget,
@@ -255,10 +398,57 @@ pub fn plan(input_bytes: u64, record_size: u64, mem: u64, rates: Rates) -> Resul
         merge_passes,
         merge_block_bytes,
         sort_block_bytes: sort_block_bytes(mem, record_size),
+        run_codec: format.codec,
+        frame_bytes: format.frame,
         rates,
         predicted_sort_secs,
         predicted_merge_secs,
-    })
+    }))
+}
+
+/// Predicted seconds of the sort phase and of all merge passes (eqs. 4
+/// and 6, with the codec's terms from the module doc).
+#[allow(clippy::too_many_arguments)]
+fn phase_secs(
+    input_bytes: u64,
+    record_size: u64,
+    run_bytes: u64,
+    runs: u64,
+    fan_in: u64,
+    merge_passes: u32,
+    rates: &Rates,
+    format: RunFormat,
+) -> (f64, f64) {
+    let n = input_bytes as f64;
+    let threads = f64::from(rates.threads.max(1));
+    // One run goes straight to OUT, uncompressed.
+    let c = if runs > 1 {
+        rates.codec(format.codec)
+    } else {
+        CodecRate::NONE
+    };
+    let (compress, decompress) = (1.0 / c.compress, 1.0 / c.decompress);
+    let sort_cpu = 1.0 / (1.0 / rates.sort(run_bytes, record_size) + compress / threads);
+    let t1 = n / rates.read.min(sort_cpu).min(c.ratio * rates.write);
+    let merge = rates.merge(fan_in);
+    let pass_secs = |writes_run: bool| {
+        let (out_compress, write) = if writes_run {
+            (compress, c.ratio * rates.write)
+        } else {
+            (0.0, rates.write)
+        };
+        let all_threads = threads / (1.0 / merge + decompress + out_compress);
+        n / (c.ratio * rates.read)
+            .min(merge)
+            .min(all_threads)
+            .min(write)
+    };
+    let t2 = if merge_passes == 0 {
+        0.0
+    } else {
+        f64::from(merge_passes - 1) * pass_secs(true) + pass_secs(false)
+    };
+    (t1, t2)
 }
 
 #[cfg(test)]
@@ -271,7 +461,12 @@ mod tests {
         sort: 4e8,
         sort_sample_bytes: 2 << 20,
         merge2: 2e9,
+        threads: 2,
+        lz4: CodecRate::NONE,
+        snappy: CodecRate::NONE,
     };
+    const PLAIN: RunFormat = RunFormat::PLAIN;
+    const NONE: CodecChoice = CodecChoice::Only(RunCodec::None);
 
     /// Predicted total of sorting `n` bytes into runs of `m` with fan-in
     /// `l` and `passes` merge passes, straight from eqs. 3, 4 and 6.
@@ -285,7 +480,7 @@ mod tests {
     fn picks_the_run_size_with_the_least_predicted_time() {
         let gib = 1u64 << 30;
         let n = 8 * gib;
-        let p = plan(n, 100, 2 * gib, RATES).unwrap();
+        let p = plan(n, 100, 2 * gib, RATES, NONE).unwrap();
         assert_eq!(p.merge_passes, 1, "{p:?}");
         assert!(p.runs <= p.fan_in, "{p:?}");
         assert_eq!(p.run_bytes % 100, 0);
@@ -296,7 +491,7 @@ mod tests {
         assert!((p.predicted_total_secs() - chosen).abs() < 1e-6, "{p:?}");
         // Runs as large as memory allows take more radix passes each,
         // and the model finds that slower than merging more runs.
-        let m_max = max_run_bytes(2 * gib, 100);
+        let m_max = max_run_bytes(2 * gib - BOOKKEEPING_BYTES, 100, PLAIN);
         assert!(p.run_bytes < m_max, "{p:?}");
         let runs_max = n.div_ceil(m_max);
         assert!(chosen < total(n, m_max, runs_max, 1), "{p:?}");
@@ -330,13 +525,32 @@ mod tests {
             64 * mib,
             1 << 30,
         ] {
-            for n in [1000u64, mib, 40 * mib, 4 << 30] {
-                for record in [100u64, 1, 4096] {
-                    let p = plan(n, record, mem, RATES).unwrap();
-                    let merge = merge_footprint_bytes(p.fan_in, p.merge_block_bytes);
+            for (n, record, codec) in itertools_product(
+                &[1000u64, mib, 40 * mib, 4 << 30],
+                &[100u64, 1, 4096],
+                &RunCodec::ALL,
+            ) {
+                {
+                    let Ok(p) = plan(n, record, mem, RATES, CodecChoice::Only(codec)) else {
+                        // Compressed runs may not fit the smallest budgets.
+                        assert!(
+                            codec != RunCodec::None && mem < 3 * mib,
+                            "{mem} {n} {record}"
+                        );
+                        continue;
+                    };
+                    let format = RunFormat {
+                        codec: p.run_codec,
+                        frame: p.frame_bytes,
+                    };
+                    assert!(p.run_codec == codec || p.runs == 1, "{p:?}");
+                    if p.run_codec != RunCodec::None {
+                        assert!(p.frame_bytes >= record && p.frame_bytes % record == 0);
+                    }
+                    let merge = merge_footprint_bytes(p.fan_in, p.merge_block_bytes, format);
                     let records = p.run_bytes / record;
                     let run_side = 2 * p.run_bytes + records * SORT_BYTES_PER_RECORD;
-                    let sort = run_side + sort_overhead_bytes(p.sort_block_bytes);
+                    let sort = run_side + sort_overhead_bytes(p.sort_block_bytes, format);
                     for (phase, bytes) in [("merge", merge), ("sort", sort)] {
                         let held = bytes + BOOKKEEPING_BYTES;
                         assert!(held <= mem, "{phase} holds {held} of {mem}: {p:?}");
@@ -347,16 +561,89 @@ mod tests {
         }
     }
 
+    fn itertools_product(a: &[u64], b: &[u64], c: &[RunCodec]) -> Vec<(u64, u64, RunCodec)> {
+        let mut out = vec![];
+        for &x in a {
+            for &y in b {
+                for &z in c {
+                    out.push((x, y, z));
+                }
+            }
+        }
+        out
+    }
+
+    /// Slow writes and a codec that compresses faster than they go: the
+    /// planner compresses runs, and predicts less time than plain runs.
+    /// Fast storage: compressing only costs CPU, so runs stay plain.
+    #[test]
+    fn compresses_runs_only_when_the_model_says_it_pays() {
+        let gib = 1u64 << 30;
+        let codec = |compress: f64, ratio: f64| CodecRate {
+            compress,
+            decompress: 4.0 * compress,
+            ratio,
+        };
+        let slow_disk = Rates {
+            write: 3e8,
+            sort: 8e8,
+            lz4: codec(4e8, 2.6),
+            snappy: codec(5.5e8, 2.3),
+            ..RATES
+        };
+        let auto = plan(4 * gib, 100, gib, slow_disk, CodecChoice::Auto).unwrap();
+        let plain = plan(4 * gib, 100, gib, slow_disk, NONE).unwrap();
+        assert_ne!(auto.run_codec, RunCodec::None, "{auto:?}");
+        assert!(
+            auto.predicted_sort_secs < plain.predicted_sort_secs,
+            "{auto:?} {plain:?}"
+        );
+        // Sort phase: CPU (sort, then compress on 2 threads) is the limit.
+        let c = slow_disk.codec(auto.run_codec);
+        let cpu = 1.0 / (1.0 / slow_disk.sort(auto.run_bytes, 100) + 1.0 / (2.0 * c.compress));
+        let want = (4 * gib) as f64 / cpu.min(slow_disk.read).min(c.ratio * slow_disk.write);
+        assert!((auto.predicted_sort_secs - want).abs() < 1e-6, "{auto:?}");
+        let fast_disk = Rates {
+            write: 4e9,
+            read: 8e9,
+            ..slow_disk
+        };
+        let p = plan(4 * gib, 100, gib, fast_disk, CodecChoice::Auto).unwrap();
+        assert_eq!(p.run_codec, RunCodec::None, "{p:?}");
+        // Forced, a codec is used even where it does not pay...
+        let p = plan(
+            4 * gib,
+            100,
+            gib,
+            fast_disk,
+            CodecChoice::Only(RunCodec::Snappy),
+        )
+        .unwrap();
+        assert_eq!(p.run_codec, RunCodec::Snappy);
+        // ...but a sort that fits one run stores nothing to compress.
+        let p = plan(
+            gib / 8,
+            100,
+            gib,
+            slow_disk,
+            CodecChoice::Only(RunCodec::Lz4),
+        )
+        .unwrap();
+        assert_eq!((p.runs, p.run_codec), (1, RunCodec::None));
+    }
+
     #[test]
     fn small_memory_means_more_passes_and_too_little_is_an_error() {
         let mib = 1u64 << 20;
         // 3 MiB: fan-in up to 4, runs of at most about 800 KiB.
         for (n, passes) in [(mib / 2, 0), (2 * mib, 1), (8 * mib, 2), (32 * mib, 3)] {
-            let p = plan(n, 100, 3 * mib, RATES).unwrap();
+            let p = plan(n, 100, 3 * mib, RATES, NONE).unwrap();
             assert_eq!(p.merge_passes, passes, "{n}: {p:?}");
             assert!(passes < 2 || p.runs > p.fan_in.pow(passes - 1), "{p:?}");
         }
-        let err = plan(mib, 100, mib, RATES).unwrap_err().to_string();
+        let err = plan(mib, 100, mib, RATES, CodecChoice::Auto)
+            .unwrap_err()
+            .to_string();
         assert!(
             err.contains("too small") && err.contains(&min_mem_bytes().to_string()),
             "{err}"

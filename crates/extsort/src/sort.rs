@@ -8,6 +8,11 @@
 //!               thread one block behind; the last pass writes OUT
 //! ```
 //!
+//! Runs may be stored compressed ([`crate::codec`]; the plan says): the
+//! writer thread compresses each block in frames (on every thread) while
+//! the next block is gathered or merged, and a merge's reader threads
+//! decompress one frame ahead.
+//!
 //! OUT is written under a temporary name and renamed when complete; runs
 //! live in a directory of their own that is removed on any exit and, if the
 //! process dies, by the next run. Memory: the plan's buffers, all within
@@ -20,9 +25,13 @@ use std::time::Instant;
 use insitu_kernels::gather_rows_into;
 use insitu_kernels::radix::sort_pairs;
 
-use crate::io::{io_err, measure_bandwidth, AtomicFile, Block, BlockReader, BlockWriter, RunDir};
+use crate::codec::{measure_codec, CodecChoice, RunCodec};
+use crate::io::{
+    io_err, measure_bandwidth, AtomicFile, Block, BlockReader, BlockWriter, Compression, RunDir,
+    Written,
+};
 use crate::loser::{LoserTree, MergeCursor};
-use crate::model::{plan, Plan, Rates};
+use crate::model::{plan, Plan, Rates, FRAME_BYTES_MAX};
 use crate::record::{check_shape, check_whole_records};
 use crate::{ExtsortError, Result};
 
@@ -39,6 +48,8 @@ pub struct ExtsortOptions {
     /// Where runs go (default: OUT's directory).
     pub tmp_dir: Option<PathBuf>,
     pub threads: usize,
+    /// How runs may be stored (`--run-codec`).
+    pub run_codec: CodecChoice,
 }
 
 /// Which phase a progress report is about.
@@ -55,6 +66,7 @@ pub struct Measured {
     pub sort_secs: f64,
     pub merge_secs: f64,
     pub runs_written: u64,
+    /// Bytes written to runs (after compression) and to OUT.
     pub bytes_written: u64,
 }
 
@@ -69,6 +81,7 @@ pub fn plan_sort(input: &Path, output: &Path, options: &ExtsortOptions) -> Resul
     let (read, write) = measure_bandwidth(&tmp, probe)?;
     let sample = (options.mem_bytes / 4).min(8 << 20);
     let (sort, merge2) = measure_cpu(options, sample);
+    let (lz4, snappy) = measure_codecs(input, len, options)?;
     plan(
         len,
         options.record_size as u64,
@@ -79,8 +92,40 @@ pub fn plan_sort(input: &Path, output: &Path, options: &ExtsortOptions) -> Resul
             sort,
             sort_sample_bytes: sample,
             merge2,
+            threads: options.threads.max(1) as u32,
+            lz4,
+            snappy,
         },
+        options.run_codec,
     )
+}
+
+/// Bytes of the input the codecs are measured on (`codec_sample_bytes`).
+pub const CODEC_SAMPLE_BYTES_MAX: u64 = 4 << 20;
+
+/// Each codec's rates on the first [`CODEC_SAMPLE_BYTES_MAX`] bytes of
+/// the input (whole records), where `--run-codec` allows it.
+fn measure_codecs(
+    input: &Path,
+    len: u64,
+    options: &ExtsortOptions,
+) -> Result<(crate::codec::CodecRate, crate::codec::CodecRate)> {
+    use std::io::Read;
+    let r = options.record_size as u64;
+    let take = len.min(CODEC_SAMPLE_BYTES_MAX) / r * r;
+    let mut sample = vec![0u8; take as usize];
+    File::open(input)
+        .and_then(|mut f| f.read_exact(&mut sample))
+        .map_err(io_err(input))?;
+    let frame = (FRAME_BYTES_MAX / r).max(1) as usize * r as usize;
+    let rate = |codec: RunCodec| {
+        if options.run_codec.allows(codec) {
+            measure_codec(codec, &sample, frame)
+        } else {
+            crate::codec::CodecRate::NONE
+        }
+    };
+    Ok((rate(RunCodec::Lz4), rate(RunCodec::Snappy)))
 }
 
 fn tmp_dir(output: &Path, options: &ExtsortOptions) -> PathBuf {
@@ -175,6 +220,32 @@ pub fn sort_chunk(chunk: &[u8], r: usize, k: usize, threads: usize) -> Vec<u32> 
     idx
 }
 
+/// A sorted run on disk: its file, and for a compressed run the stored
+/// length of each frame.
+struct Run {
+    path: PathBuf,
+    frames: Option<Vec<u32>>,
+}
+
+/// A writer of a sorted stream: plain records to OUT (`to_run` false) or
+/// a run file stored as the plan says.
+fn stream_writer(
+    file: File,
+    path: &Path,
+    block: usize,
+    plan: &Plan,
+    to_run: bool,
+    threads: usize,
+) -> Result<BlockWriter> {
+    let compression = (to_run && plan.run_codec != RunCodec::None).then_some(Compression {
+        codec: plan.run_codec,
+        frame: plan.frame_bytes as usize,
+        record: plan.record_size as usize,
+        threads,
+    });
+    BlockWriter::spawn_with(file, path, block, compression)
+}
+
 /// Where a sorted stream goes: OUT itself (its temp name; a clone of its
 /// descriptor) when this is the last step, else a new run file.
 fn output_target(
@@ -224,16 +295,31 @@ pub fn extsort(
     let mut runs_dir = RunDir::create(&tmp_dir(output, options))?;
     let mut measured = Measured::default();
     let start = Instant::now();
-    let runs = sort_phase(input, options, plan, &mut runs_dir, &mut out, progress)?;
+    let runs = sort_phase(
+        input,
+        options,
+        plan,
+        &mut runs_dir,
+        &mut out,
+        progress,
+        &mut measured.bytes_written,
+    )?;
     measured.sort_secs = start.elapsed().as_secs_f64();
     measured.runs_written = runs.len() as u64;
     let start = Instant::now();
     if !runs.is_empty() {
-        merge_phase(runs, options, plan, &mut runs_dir, &mut out, progress)?;
+        merge_phase(
+            runs,
+            options,
+            plan,
+            &mut runs_dir,
+            &mut out,
+            progress,
+            &mut measured.bytes_written,
+        )?;
     }
     out.commit()?;
     measured.merge_secs = start.elapsed().as_secs_f64();
-    measured.bytes_written = plan.input_bytes * (1 + u64::from(plan.merge_passes.max(1)));
     Ok(measured)
 }
 
@@ -246,7 +332,8 @@ fn sort_phase(
     runs_dir: &mut RunDir,
     out: &mut AtomicFile,
     progress: &dyn Fn(Phase, u64),
-) -> Result<Vec<PathBuf>> {
+    written: &mut u64,
+) -> Result<Vec<Run>> {
     let r = options.record_size;
     let mut reader = BlockReader::spawn(input, 0, plan.input_bytes, plan.run_bytes as usize)?;
     let one_run = plan.input_bytes <= plan.run_bytes;
@@ -255,17 +342,20 @@ fn sort_phase(
     while let Some(chunk) = reader.next_block()? {
         let order = sort_chunk(&chunk, r, options.key_size, options.threads);
         let (file, path) = output_target(one_run, out, runs_dir)?;
-        let mut writer = BlockWriter::spawn(file, &path, block_records * r)?;
+        let block = block_records * r;
+        let mut writer = stream_writer(file, &path, block, plan, !one_run, options.threads)?;
         for piece in order.chunks(block_records) {
             let mut block = writer.buffer()?;
             gather_records(&chunk, r, piece, &mut block, options.threads);
             writer.write(block)?;
         }
-        writer.finish()?;
+        let done = writer.finish()?;
+        *written += done.bytes;
+        let frames = done.frames;
         progress(Phase::Sort, chunk.len() as u64);
         reader.recycle(chunk);
         if !one_run {
-            runs.push(path);
+            runs.push(Run { path, frames });
         }
     }
     Ok(runs)
@@ -287,9 +377,20 @@ struct RunCursor {
 const PREFIX_BYTES: usize = 16;
 
 impl RunCursor {
-    fn open(path: &Path, plan: &Plan, key: usize) -> Result<Self> {
-        let len = std::fs::metadata(path).map_err(io_err(path))?.len();
-        let mut reader = BlockReader::spawn(path, 0, len, plan.merge_block_bytes as usize)?;
+    fn open(run: &Run, plan: &Plan, key: usize) -> Result<Self> {
+        let path = &run.path;
+        let mut reader = match &run.frames {
+            Some(frames) => BlockReader::spawn_frames(
+                path,
+                plan.run_codec,
+                frames.clone(),
+                plan.frame_bytes as usize,
+            )?,
+            None => {
+                let len = std::fs::metadata(path).map_err(io_err(path))?.len();
+                BlockReader::spawn(path, 0, len, plan.merge_block_bytes as usize)?
+            }
+        };
         let block = reader.next_block()?.unwrap_or_default();
         let mut cursor = Self {
             reader,
@@ -345,12 +446,13 @@ impl MergeCursor for RunCursor {
 
 /// Merges runs in passes of fan-in `plan.fan_in`; the last pass writes OUT.
 fn merge_phase(
-    mut runs: Vec<PathBuf>,
+    mut runs: Vec<Run>,
     options: &ExtsortOptions,
     plan: &Plan,
     runs_dir: &mut RunDir,
     out: &mut AtomicFile,
     progress: &dyn Fn(Phase, u64),
+    written: &mut u64,
 ) -> Result<()> {
     let fan_in = plan.fan_in.max(2) as usize;
     let mut pass = 0;
@@ -360,13 +462,17 @@ fn merge_phase(
         let mut next = vec![];
         for group in runs.chunks(fan_in) {
             let (file, path) = output_target(last, out, runs_dir)?;
-            merge_group(group, file, &path, options, plan, &|n| {
+            let block = plan.merge_block_bytes as usize;
+            let writer = stream_writer(file, &path, block, plan, !last, options.threads)?;
+            let done = merge_group(group, writer, options, plan, &|n| {
                 progress(Phase::Merge(pass), n)
             })?;
-            for done in group {
-                let _ = std::fs::remove_file(done);
+            *written += done.bytes;
+            let frames = done.frames;
+            for merged in group {
+                let _ = std::fs::remove_file(&merged.path);
             }
-            next.push(path);
+            next.push(Run { path, frames });
         }
         if last {
             return Ok(());
@@ -375,23 +481,21 @@ fn merge_phase(
     }
 }
 
-/// Merges `group` into `file` through a loser tree.
+/// Merges `group` into `writer` through a loser tree.
 fn merge_group(
-    group: &[PathBuf],
-    file: File,
-    path: &Path,
+    group: &[Run],
+    mut writer: BlockWriter,
     options: &ExtsortOptions,
     plan: &Plan,
     progress: &dyn Fn(u64),
-) -> Result<()> {
+) -> Result<Written> {
     let r = options.record_size;
     let cursors = group
         .iter()
-        .map(|p| RunCursor::open(p, plan, options.key_size))
+        .map(|run| RunCursor::open(run, plan, options.key_size))
         .collect::<Result<Vec<_>>>()?;
     let mut tree = LoserTree::new(cursors);
     let block = plan.merge_block_bytes as usize;
-    let mut writer = BlockWriter::spawn(file, path, block)?;
     let mut buf = writer.buffer()?;
     while let Some(w) = tree.winner() {
         buf.extend_from_slice(tree.cursor(w).current());
@@ -407,8 +511,7 @@ fn merge_group(
         progress(buf.len() as u64);
         writer.write(buf)?;
     }
-    writer.finish()?;
-    Ok(())
+    writer.finish()
 }
 
 /// Checks a sort's parameters before any work: a clear error, not a
