@@ -23,6 +23,8 @@ use std::fmt;
 use std::str::FromStr;
 use std::time::Instant;
 
+use insitu_kernels::gather_rows_into;
+
 use crate::{ExtsortError, Result};
 
 /// How runs are stored.
@@ -199,39 +201,119 @@ pub fn compress_frames(
     out: &mut Vec<u8>,
     lens: &mut Vec<u32>,
 ) {
+    let mut no_scratch = vec![];
+    let source = FrameSource::Raw(raw);
+    let shape = FrameShape {
+        codec,
+        frame,
+        record,
+        threads,
+    };
+    compress_frames_from(source, shape, &mut no_scratch, out, lens);
+}
+
+/// Where a frame's records come from.
+#[derive(Clone, Copy)]
+pub enum FrameSource<'a> {
+    /// Laid out in order.
+    Raw(&'a [u8]),
+    /// The records of `chunk` that `order` names, in that order: each
+    /// thread gathers a frame into its scratch buffer and compresses it
+    /// while it is still in cache, with no block-sized copy between.
+    Gather { chunk: &'a [u8], order: &'a [u32] },
+}
+
+/// How frames are cut and compressed.
+#[derive(Debug, Clone, Copy)]
+pub struct FrameShape {
+    pub codec: RunCodec,
+    /// Raw bytes per frame at most: whole records.
+    pub frame: usize,
+    pub record: usize,
+    pub threads: usize,
+}
+
+impl FrameSource<'_> {
+    fn raw_len(&self, record: usize) -> usize {
+        match self {
+            FrameSource::Raw(raw) => raw.len(),
+            FrameSource::Gather { order, .. } => order.len() * record,
+        }
+    }
+
+    /// Frame `i`'s raw bytes: borrowed, or gathered into `scratch`.
+    fn frame<'s>(&self, i: usize, shape: FrameShape, scratch: &'s mut Vec<u8>) -> &'s [u8]
+    where
+        Self: 's,
+    {
+        match *self {
+            FrameSource::Raw(raw) => {
+                let end = ((i + 1) * shape.frame).min(raw.len());
+                &raw[i * shape.frame..end]
+            }
+            FrameSource::Gather { chunk, order } => {
+                let per_frame = shape.frame / shape.record;
+                let end = ((i + 1) * per_frame).min(order.len());
+                let picked = &order[i * per_frame..end];
+                scratch.clear();
+                scratch.resize(picked.len() * shape.record, 0);
+                gather_rows_into(chunk, shape.record, picked, scratch);
+                scratch
+            }
+        }
+    }
+}
+
+/// Compresses the records of `source` as frames onto `out` (see
+/// [`compress_frames`]), on up to `shape.threads` threads. A gathering
+/// source uses one buffer of `scratch` per thread (kept for the next
+/// call, at most one frame each).
+pub fn compress_frames_from(
+    source: FrameSource<'_>,
+    shape: FrameShape,
+    scratch: &mut Vec<Vec<u8>>,
+    out: &mut Vec<u8>,
+    lens: &mut Vec<u32>,
+) {
+    let FrameShape { frame, record, .. } = shape;
     assert!(
         frame > 0 && frame.is_multiple_of(record),
         "frames of whole records"
     );
+    let raw_len = source.raw_len(record);
     let start = out.len();
     let slot = frame_bytes_max(frame);
-    let frames = raw.len().div_ceil(frame);
+    let frames = raw_len.div_ceil(frame);
     assert!(
         out.capacity() - start >= frames * slot,
         "the caller sized the buffer"
     );
     out.resize(start + frames * slot, 0);
     let mut written = vec![0usize; frames];
-    let per_thread = frames.div_ceil(threads.max(1)).max(1);
-    let work = raw
-        .chunks(frame)
-        .zip(out[start..].chunks_mut(slot))
-        .zip(written.iter_mut())
-        .collect::<Vec<_>>();
-    if threads < 2 || frames < 2 {
-        for ((src, dst), n) in work {
-            *n = compress_frame(codec, src, dst);
+    let parts = shape.threads.clamp(1, frames.max(1));
+    let per_part = frames.div_ceil(parts).max(1);
+    if scratch.len() < parts {
+        scratch.resize_with(parts, Vec::new);
+    }
+    let compress_part = |first: usize, slots: &mut [u8], sizes: &mut [usize], buf: &mut Vec<u8>| {
+        for (k, (dst, n)) in slots.chunks_mut(slot).zip(sizes.iter_mut()).enumerate() {
+            let raw = source.frame(first + k, shape, buf);
+            *n = compress_frame(shape.codec, raw, dst);
+        }
+    };
+    let work = out[start..]
+        .chunks_mut(per_part * slot)
+        .zip(written.chunks_mut(per_part))
+        .zip(scratch.iter_mut())
+        .enumerate();
+    if parts < 2 {
+        for (p, ((slots, sizes), buf)) in work {
+            compress_part(p * per_part, slots, sizes, buf);
         }
     } else {
-        let mut work = work;
         std::thread::scope(|s| {
-            while !work.is_empty() {
-                let part: Vec<_> = work.drain(..per_thread.min(work.len())).collect();
-                s.spawn(move || {
-                    for ((src, dst), n) in part {
-                        *n = compress_frame(codec, src, dst);
-                    }
-                });
+            for (p, ((slots, sizes), buf)) in work {
+                s.spawn(move || compress_part(p * per_part, slots, sizes, buf));
             }
         });
     }
@@ -355,6 +437,57 @@ mod tests {
                     }
                     assert!(back == raw, "{codec} n={n} frame={frame}");
                 }
+            }
+        }
+    }
+
+    /// Gathering frames straight from a chunk gives the frames of the
+    /// gathered records, on any number of threads.
+    #[test]
+    fn gathered_frames_hold_the_records_the_order_names() {
+        let chunk = records(1000, 17);
+        let mut x = 7u64;
+        for n in [0usize, 1, 2, 7, 49, 50, 51, 1000, 3000] {
+            // Duplicates allowed: any index sequence is a valid order.
+            let order: Vec<u32> = (0..n)
+                .map(|_| {
+                    x = x
+                        .wrapping_mul(6364136223846793005)
+                        .wrapping_add(1442695040888963407);
+                    ((x >> 33) % 1000) as u32
+                })
+                .collect();
+            let naive: Vec<u8> = order
+                .iter()
+                .flat_map(|&i| chunk[i as usize * 100..][..100].iter().copied())
+                .collect();
+            for (threads, frame_records) in [(1usize, 7usize), (2, 7), (3, 64), (8, 1)] {
+                let shape = FrameShape {
+                    codec: RunCodec::Lz4,
+                    frame: frame_records * 100,
+                    record: 100,
+                    threads,
+                };
+                let mut out = Vec::with_capacity(stored_bytes_max(naive.len(), shape.frame));
+                let (mut lens, mut scratch) = (vec![], vec![]);
+                let source = FrameSource::Gather {
+                    chunk: &chunk,
+                    order: &order,
+                };
+                compress_frames_from(source, shape, &mut scratch, &mut out, &mut lens);
+                assert!(scratch.len() <= threads.max(1));
+                let mut back = vec![];
+                let (mut at, mut buf) = (0, vec![0u8; shape.frame]);
+                for &l in &lens {
+                    let stored = &out[at..at + l as usize];
+                    let got = decompress_frame(RunCodec::Lz4, stored, &mut buf, "r", 0).unwrap();
+                    back.extend_from_slice(&buf[..got]);
+                    at += l as usize;
+                }
+                assert!(
+                    back == naive,
+                    "n={n} threads={threads} frame={frame_records}"
+                );
             }
         }
     }

@@ -19,11 +19,12 @@
 //!
 //! Compressed runs ([`crate::codec`]: ratio ρ, per-thread compress and
 //! decompress rates κ and δ, T threads) change the parts. The sort phase
-//! writes at ρ·β_write but compresses besides sorting: the writer thread
-//! compresses on T threads while the next block is gathered on T threads,
-//! and on 2 cores that measured as one core's worth of compression added
-//! to the sort (4.3 GB, LZ4 at 602 MB/s per thread: 13.08 s measured,
-//! 12.2 s by the formula below, 8.9 s had κ counted T times). A merge
+//! writes at ρ·β_write but compresses besides sorting: each thread
+//! gathers a frame and compresses it. While the reader and writer threads
+//! stream, two threads here compressed only 1.24x as fast as one (frame
+//! timings inside `insitu extsort`, 2 GB), so the model adds one core's
+//! worth of compression to the sort: for 4.3 GB with LZ4 it predicted
+//! 11.94 s and 9.78 s where 11.70 s and 10.38 s were measured. A merge
 //! reads at ρ·β_read while its readers decompress:
 //!
 //! ```text
@@ -198,9 +199,11 @@ pub fn merge_footprint_bytes(fan_in: u64, block: u64, format: RunFormat) -> u64 
 }
 
 /// Bytes the sort phase holds besides the run's records and their keys:
-/// two output blocks, the two the writer compresses them into when runs
-/// are compressed, the writer's staging request, and the two read
-/// buffers' alignment room.
+/// two output blocks and the writer's staging request, and the two read
+/// buffers' alignment room. Compressed runs hold two compressed output
+/// blocks and a frame per thread to gather into (at most a block in all:
+/// a block has at least as many frames as get threads); two raw blocks
+/// are counted for it, more than it holds.
 fn sort_overhead_bytes(sort_block: u64, format: RunFormat) -> u64 {
     let alignment_room = read_buffer_bytes(1) as u64 - 1;
     let stored = format.stored_max(sort_block);

@@ -8,10 +8,11 @@
 //!               thread one block behind; the last pass writes OUT
 //! ```
 //!
-//! Runs may be stored compressed ([`crate::codec`]; the plan says): the
-//! writer thread compresses each block in frames (on every thread) while
-//! the next block is gathered or merged, and a merge's reader threads
-//! decompress one frame ahead.
+//! Runs may be stored compressed ([`crate::codec`]; the plan says): in
+//! the sort phase every thread gathers a frame of records and compresses
+//! it while it is in cache; a merge pass that writes a run hands its
+//! blocks to a writer that compresses them while the next is merged; a
+//! merge's reader threads decompress one frame ahead.
 //!
 //! OUT is written under a temporary name and renamed when complete; runs
 //! live in a directory of their own that is removed on any exit and, if the
@@ -25,7 +26,10 @@ use std::time::Instant;
 use insitu_kernels::gather_rows_into;
 use insitu_kernels::radix::sort_pairs;
 
-use crate::codec::{measure_codec, CodecChoice, RunCodec};
+use crate::codec::{
+    compress_frames_from, measure_codec, stored_bytes_max, CodecChoice, FrameShape, FrameSource,
+    RunCodec,
+};
 use crate::io::{
     io_err, measure_bandwidth, AtomicFile, Block, BlockReader, BlockWriter, Compression, RunDir,
     Written,
@@ -339,19 +343,42 @@ fn sort_phase(
     let one_run = plan.input_bytes <= plan.run_bytes;
     let mut runs = vec![];
     let block_records = (plan.sort_block_bytes as usize / r).max(1);
+    let compress = !one_run && plan.run_codec != RunCodec::None;
+    let shape = FrameShape {
+        codec: plan.run_codec,
+        frame: plan.frame_bytes as usize,
+        record: r,
+        threads: options.threads,
+    };
+    // One frame per compressing thread, kept across blocks.
+    let mut scratch = vec![];
     while let Some(chunk) = reader.next_block()? {
         let order = sort_chunk(&chunk, r, options.key_size, options.threads);
         let (file, path) = output_target(one_run, out, runs_dir)?;
         let block = block_records * r;
-        let mut writer = stream_writer(file, &path, block, plan, !one_run, options.threads)?;
+        let mut frames = compress.then(Vec::new);
+        // Compressed runs are gathered and compressed frame by frame on
+        // every thread: the writer thread only writes.
+        let stored_block = match compress {
+            true => stored_bytes_max(block, shape.frame),
+            false => block,
+        };
+        let mut writer = BlockWriter::spawn(file, &path, stored_block)?;
         for piece in order.chunks(block_records) {
-            let mut block = writer.buffer()?;
-            gather_records(&chunk, r, piece, &mut block, options.threads);
-            writer.write(block)?;
+            let mut out = writer.buffer()?;
+            match frames.as_mut() {
+                Some(lens) => {
+                    let source = FrameSource::Gather {
+                        chunk: &chunk,
+                        order: piece,
+                    };
+                    compress_frames_from(source, shape, &mut scratch, &mut out, lens);
+                }
+                None => gather_records(&chunk, r, piece, &mut out, options.threads),
+            }
+            writer.write(out)?;
         }
-        let done = writer.finish()?;
-        *written += done.bytes;
-        let frames = done.frames;
+        *written += writer.finish()?.bytes;
         progress(Phase::Sort, chunk.len() as u64);
         reader.recycle(chunk);
         if !one_run {
