@@ -188,28 +188,13 @@ pub fn decompress_frame(
     Ok(raw)
 }
 
-/// Compresses `raw` as frames of at most `frame` bytes (whole records of
-/// `record` bytes) onto `out`, on up to `threads` threads; appends each
-/// frame's stored length to `lens`. `out` needs spare capacity of
-/// [`stored_bytes_max`]`(raw.len(), frame)`: it does not grow.
-pub fn compress_frames(
-    codec: RunCodec,
-    raw: &[u8],
-    frame: usize,
-    record: usize,
-    threads: usize,
-    out: &mut Vec<u8>,
-    lens: &mut Vec<u32>,
-) {
+/// Compresses `raw` as frames of at most `shape.frame` bytes onto `out`,
+/// on up to `shape.threads` threads; appends each frame's stored length
+/// to `lens`. `out` needs spare capacity of
+/// [`stored_bytes_max`]`(raw.len(), shape.frame)`: it does not grow.
+pub fn compress_frames(raw: &[u8], shape: FrameShape, out: &mut Vec<u8>, lens: &mut Vec<u32>) {
     let mut no_scratch = vec![];
-    let source = FrameSource::Raw(raw);
-    let shape = FrameShape {
-        codec,
-        frame,
-        record,
-        threads,
-    };
-    compress_frames_from(source, shape, &mut no_scratch, out, lens);
+    compress_frames_from(FrameSource::Raw(raw), shape, &mut no_scratch, out, lens);
 }
 
 /// Where a frame's records come from.
@@ -223,7 +208,8 @@ pub enum FrameSource<'a> {
     Gather { chunk: &'a [u8], order: &'a [u32] },
 }
 
-/// How frames are cut and compressed.
+/// How frames are cut and compressed: by a codec, into frames of at most
+/// `frame` raw bytes of `record`-byte records, on `threads` threads.
 #[derive(Debug, Clone, Copy)]
 pub struct FrameShape {
     pub codec: RunCodec,
@@ -366,7 +352,13 @@ pub fn measure_codec(codec: RunCodec, sample: &[u8], frame: usize) -> CodecRate 
         let start = Instant::now();
         // Frame by frame on one thread, as each compressing thread works.
         for chunk in sample.chunks(frame) {
-            compress_frames(codec, chunk, frame, 1, 1, &mut stored, &mut lens);
+            let shape = FrameShape {
+                codec,
+                frame,
+                record: 1,
+                threads: 1,
+            };
+            compress_frames(chunk, shape, &mut stored, &mut lens);
         }
         compress = compress.max(sample.len() as f64 / start.elapsed().as_secs_f64());
         let start = Instant::now();
@@ -418,7 +410,13 @@ mod tests {
                     let mut out = Vec::with_capacity(7 + stored_bytes_max(raw.len(), frame));
                     out.extend_from_slice(b"prefix!");
                     let mut lens = vec![];
-                    compress_frames(codec, &raw, frame, 100, 3, &mut out, &mut lens);
+                    let shape = FrameShape {
+                        codec,
+                        frame,
+                        record: 100,
+                        threads: 3,
+                    };
+                    compress_frames(&raw, shape, &mut out, &mut lens);
                     assert_eq!(&out[..7], b"prefix!");
                     assert_eq!(lens.len(), raw.len().div_ceil(frame));
                     assert_eq!(

@@ -11,7 +11,7 @@ use std::thread::JoinHandle;
 use std::time::Instant;
 
 use crate::codec::{
-    compress_frames, decompress_frame, frame_bytes_max, stored_bytes_max, RunCodec,
+    compress_frames, decompress_frame, frame_bytes_max, stored_bytes_max, FrameShape, RunCodec,
 };
 use crate::{ExtsortError, Result};
 
@@ -431,17 +431,6 @@ pub struct BlockWriter {
     block: usize,
 }
 
-/// How a [`BlockWriter`] stores what it is given: a codec, frames of at
-/// most `frame` raw bytes of `record`-byte records, compressed on
-/// `threads` threads.
-#[derive(Debug, Clone, Copy)]
-pub struct Compression {
-    pub codec: RunCodec,
-    pub frame: usize,
-    pub record: usize,
-    pub threads: usize,
-}
-
 /// What a [`BlockWriter`] wrote.
 pub struct Written {
     pub file: File,
@@ -459,7 +448,7 @@ fn compress_then_write(
     mut sink: DirectSink,
     raw_blocks: Receiver<Vec<u8>>,
     raw_back: SyncSender<Vec<u8>>,
-    c: Compression,
+    c: FrameShape,
     stored_block: usize,
 ) -> Result<Written> {
     let (to_io, io_blocks) = sync_channel::<Vec<u8>>(0);
@@ -489,15 +478,7 @@ fn compress_then_write(
                     Err(_) => break, // the I/O thread stopped: its error follows
                 },
             };
-            compress_frames(
-                c.codec,
-                &raw,
-                c.frame,
-                c.record,
-                c.threads,
-                &mut stored,
-                &mut frames,
-            );
+            compress_frames(&raw, c, &mut stored, &mut frames);
             raw.clear();
             let _ = raw_back.try_send(raw);
             if to_io.send(stored).is_err() {
@@ -523,7 +504,7 @@ impl BlockWriter {
     }
 
     /// A writer of blocks of up to `block` raw bytes that, given a
-    /// [`Compression`], compresses each into frames on its own thread
+    /// [`FrameShape`], compresses each into frames on its own thread
     /// while the producer fills the next block and an I/O thread writes
     /// the last ([`compress_then_write`]). Holds two raw blocks, two
     /// compressed ones and the staging request.
@@ -531,7 +512,7 @@ impl BlockWriter {
         file: File,
         path: &Path,
         block: usize,
-        compression: Option<Compression>,
+        compression: Option<FrameShape>,
     ) -> Result<Self> {
         let (blocks, rx) = sync_channel::<Vec<u8>>(0);
         let (back, spare) = sync_channel::<Vec<u8>>(2);
@@ -983,7 +964,7 @@ mod tests {
     fn compressing_writer_round_trips_and_reports_a_full_disk() {
         let dir = tempfile::tempdir().unwrap();
         let dst = dir.path().join("run");
-        let c = Compression {
+        let c = FrameShape {
             codec: RunCodec::Lz4,
             frame: 1000,
             record: 100,

@@ -531,52 +531,39 @@ mod tests {
             64 * mib,
             1 << 30,
         ] {
-            for (n, record, codec) in itertools_product(
-                &[1000u64, mib, 40 * mib, 4 << 30],
-                &[100u64, 1, 4096],
-                &RunCodec::ALL,
-            ) {
-                {
-                    let Ok(p) = plan(n, record, mem, RATES, CodecChoice::Only(codec)) else {
-                        // Compressed runs may not fit the smallest budgets.
-                        assert!(
-                            codec != RunCodec::None && mem < 3 * mib,
-                            "{mem} {n} {record}"
-                        );
-                        continue;
-                    };
-                    let format = RunFormat {
-                        codec: p.run_codec,
-                        frame: p.frame_bytes,
-                    };
-                    assert!(p.run_codec == codec || p.runs == 1, "{p:?}");
-                    if p.run_codec != RunCodec::None {
-                        assert!(p.frame_bytes >= record && p.frame_bytes % record == 0);
-                    }
-                    let merge = merge_footprint_bytes(p.fan_in, p.merge_block_bytes, format);
-                    let records = p.run_bytes / record;
-                    let run_side = 2 * p.run_bytes + records * SORT_BYTES_PER_RECORD;
-                    let sort = run_side + sort_overhead_bytes(p.sort_block_bytes, format);
-                    for (phase, bytes) in [("merge", merge), ("sort", sort)] {
-                        let held = bytes + BOOKKEEPING_BYTES;
-                        assert!(held <= mem, "{phase} holds {held} of {mem}: {p:?}");
-                    }
-                    assert!(p.merge_block_bytes >= record && p.fan_in >= 2, "{p:?}");
+            let cases = [1000u64, mib, 40 * mib, 4 << 30].into_iter().flat_map(|n| {
+                [100u64, 1, 4096]
+                    .into_iter()
+                    .flat_map(move |record| RunCodec::ALL.map(|codec| (n, record, codec)))
+            });
+            for (n, record, codec) in cases {
+                let Ok(p) = plan(n, record, mem, RATES, CodecChoice::Only(codec)) else {
+                    // Compressed runs may not fit the smallest budgets.
+                    assert!(
+                        codec != RunCodec::None && mem < 3 * mib,
+                        "{mem} {n} {record}"
+                    );
+                    continue;
+                };
+                let format = RunFormat {
+                    codec: p.run_codec,
+                    frame: p.frame_bytes,
+                };
+                assert!(p.run_codec == codec || p.runs == 1, "{p:?}");
+                if p.run_codec != RunCodec::None {
+                    assert!(p.frame_bytes >= record && p.frame_bytes % record == 0);
                 }
+                let merge = merge_footprint_bytes(p.fan_in, p.merge_block_bytes, format);
+                let records = p.run_bytes / record;
+                let run_side = 2 * p.run_bytes + records * SORT_BYTES_PER_RECORD;
+                let sort = run_side + sort_overhead_bytes(p.sort_block_bytes, format);
+                for (phase, bytes) in [("merge", merge), ("sort", sort)] {
+                    let held = bytes + BOOKKEEPING_BYTES;
+                    assert!(held <= mem, "{phase} holds {held} of {mem}: {p:?}");
+                }
+                assert!(p.merge_block_bytes >= record && p.fan_in >= 2, "{p:?}");
             }
         }
-    }
-
-    fn itertools_product(a: &[u64], b: &[u64], c: &[RunCodec]) -> Vec<(u64, u64, RunCodec)> {
-        let mut out = vec![];
-        for &x in a {
-            for &y in b {
-                for &z in c {
-                    out.push((x, y, z));
-                }
-            }
-        }
-        out
     }
 
     /// Slow writes and a codec that compresses faster than they go: the

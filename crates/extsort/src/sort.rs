@@ -31,8 +31,7 @@ use crate::codec::{
     RunCodec,
 };
 use crate::io::{
-    io_err, measure_bandwidth, AtomicFile, Block, BlockReader, BlockWriter, Compression, RunDir,
-    Written,
+    io_err, measure_bandwidth, AtomicFile, Block, BlockReader, BlockWriter, RunDir, Written,
 };
 use crate::loser::{LoserTree, MergeCursor};
 use crate::model::{plan, Plan, Rates, FRAME_BYTES_MAX};
@@ -241,7 +240,7 @@ fn stream_writer(
     to_run: bool,
     threads: usize,
 ) -> Result<BlockWriter> {
-    let compression = (to_run && plan.run_codec != RunCodec::None).then_some(Compression {
+    let compression = (to_run && plan.run_codec != RunCodec::None).then_some(FrameShape {
         codec: plan.run_codec,
         frame: plan.frame_bytes as usize,
         record: plan.record_size as usize,
