@@ -196,43 +196,50 @@ impl std::ops::Deref for Block {
     }
 }
 
+/// The buffers a reader thread fills: two in all, allocated on first
+/// need, then recycled by the consumer.
+struct ReaderBuffers {
+    spare: Receiver<AlignedBuf>,
+    fresh: usize,
+    cap: usize,
+}
+
+impl ReaderBuffers {
+    /// A buffer to fill, or `None` when the consumer is gone.
+    fn take(&mut self) -> Option<AlignedBuf> {
+        match self.spare.try_recv() {
+            Ok(b) => Some(b),
+            Err(_) if self.fresh > 0 => {
+                self.fresh -= 1;
+                Some(AlignedBuf::new(self.cap))
+            }
+            Err(_) => self.spare.recv().ok(),
+        }
+    }
+}
+
 impl BlockReader {
-    pub fn spawn(path: &Path, offset: u64, len: u64, block: usize) -> Result<Self> {
-        let (file, direct) = open_for_reading(path)?;
+    /// Starts a reader thread: `next` takes a buffer (only when there is
+    /// more to read) and fills it with the next block, or says `None` at
+    /// the end or when the consumer is gone; the thread also stops at the
+    /// first error.
+    fn start(
+        cap: usize,
+        mut next: impl FnMut(&mut ReaderBuffers) -> Option<Result<Block>> + Send + 'static,
+    ) -> Result<Self> {
         let (tx, blocks) = sync_channel::<Result<Block>>(0);
         let (recycle, spare) = sync_channel::<AlignedBuf>(2);
-        let path = path.to_path_buf();
-        // Room for a block that starts and ends mid-page.
-        let cap = read_buffer_bytes(block);
+        let mut buffers = ReaderBuffers {
+            spare,
+            fresh: 2,
+            cap,
+        };
         let thread = std::thread::Builder::new()
             .name("insitu-read".into())
             .spawn(move || {
-                let mut at = offset;
-                let end = offset + len;
-                let mut fresh = 2; // buffers this reader may allocate
-                while at < end {
-                    let mut buf = match spare.try_recv() {
-                        Ok(b) => b,
-                        Err(_) if fresh > 0 => {
-                            fresh -= 1;
-                            AlignedBuf::new(cap)
-                        }
-                        Err(_) => match spare.recv() {
-                            Ok(b) => b,
-                            Err(_) => return, // consumer gone
-                        },
-                    };
-                    let n = (block as u64).min(end - at) as usize;
-                    let read = read_block(&file, direct, at, n, &mut buf)
-                        .map(|start| Block {
-                            buf: Some(buf),
-                            start,
-                            end: start + n,
-                        })
-                        .map_err(io_err(&path));
-                    at += n as u64;
-                    let failed = read.is_err();
-                    if tx.send(read).is_err() || failed {
+                while let Some(block) = next(&mut buffers) {
+                    let failed = block.is_err();
+                    if tx.send(block).is_err() || failed {
                         return;
                     }
                 }
@@ -242,6 +249,30 @@ impl BlockReader {
             blocks: Some(blocks),
             recycle: Some(recycle),
             thread: Some(thread),
+        })
+    }
+
+    pub fn spawn(path: &Path, offset: u64, len: u64, block: usize) -> Result<Self> {
+        let (file, direct) = open_for_reading(path)?;
+        let path = path.to_path_buf();
+        let mut at = offset;
+        let end = offset + len;
+        // Room for a block that starts and ends mid-page.
+        Self::start(read_buffer_bytes(block), move |buffers| {
+            if at >= end {
+                return None;
+            }
+            let mut buf = buffers.take()?;
+            let n = (block as u64).min(end - at) as usize;
+            let read = read_block(&file, direct, at, n, &mut buf)
+                .map(|start| Block {
+                    buf: Some(buf),
+                    start,
+                    end: start + n,
+                })
+                .map_err(io_err(&path));
+            at += n as u64;
+            Some(read)
         })
     }
 
@@ -256,60 +287,35 @@ impl BlockReader {
         frame_raw: usize,
     ) -> Result<Self> {
         let (file, direct) = open_for_reading(path)?;
-        let (tx, blocks) = sync_channel::<Result<Block>>(0);
-        let (recycle, spare) = sync_channel::<AlignedBuf>(2);
-        let path = path.to_path_buf();
+        let name = path.display().to_string();
         let stored_max = frame_bytes_max(frame_raw);
-        let thread = std::thread::Builder::new()
-            .name("insitu-read".into())
-            .spawn(move || {
-                let mut stored = AlignedBuf::new(read_buffer_bytes(stored_max));
-                let mut fresh = 2;
-                let mut at = 0u64;
-                let name = path.display().to_string();
-                for len in frames {
-                    let mut raw = match spare.try_recv() {
-                        Ok(b) => b,
-                        Err(_) if fresh > 0 => {
-                            fresh -= 1;
-                            AlignedBuf::new(aligned_bytes(frame_raw))
-                        }
-                        Err(_) => match spare.recv() {
-                            Ok(b) => b,
-                            Err(_) => return, // consumer gone
-                        },
-                    };
-                    let block = read_frame(
-                        &file,
-                        direct,
-                        at,
-                        len as usize,
-                        stored_max,
-                        &mut stored,
-                        &name,
-                    )
-                    .and_then(|skip| {
-                        let frame = &stored.as_slice()[skip..skip + len as usize];
-                        let cap = raw.cap;
-                        let n = decompress_frame(codec, frame, raw.fill_mut(cap), &name, at)?;
-                        Ok(Block {
-                            buf: Some(raw),
-                            start: 0,
-                            end: n,
-                        })
-                    });
-                    at += u64::from(len);
-                    let failed = block.is_err();
-                    if tx.send(block).is_err() || failed {
-                        return;
-                    }
-                }
-            })
-            .map_err(|e| ExtsortError::Invalid(format!("cannot start a reader thread: {e}")))?;
-        Ok(Self {
-            blocks: Some(blocks),
-            recycle: Some(recycle),
-            thread: Some(thread),
+        let mut stored = AlignedBuf::new(read_buffer_bytes(stored_max));
+        let mut frames = frames.into_iter();
+        let mut at = 0u64;
+        Self::start(aligned_bytes(frame_raw), move |buffers| {
+            let len = frames.next()?;
+            let mut raw = buffers.take()?;
+            let block = read_frame(
+                &file,
+                direct,
+                at,
+                len as usize,
+                stored_max,
+                &mut stored,
+                &name,
+            )
+            .and_then(|skip| {
+                let frame = &stored.as_slice()[skip..skip + len as usize];
+                let cap = raw.cap;
+                let n = decompress_frame(codec, frame, raw.fill_mut(cap), &name, at)?;
+                Ok(Block {
+                    buf: Some(raw),
+                    start: 0,
+                    end: n,
+                })
+            });
+            at += u64::from(len);
+            Some(block)
         })
     }
 

@@ -249,19 +249,26 @@ fn stream_writer(
     BlockWriter::spawn_with(file, path, block, compression)
 }
 
-/// Where a sorted stream goes: OUT itself (its temp name; a clone of its
-/// descriptor) when this is the last step, else a new run file.
-fn output_target(
-    to_out: bool,
-    out: &mut AtomicFile,
-    runs_dir: &mut RunDir,
-) -> Result<(File, PathBuf)> {
-    if to_out {
-        let file = out.file().try_clone().map_err(io_err(out.tmp_path()))?;
-        return Ok((file, out.tmp_path().to_path_buf()));
+/// Where sorted streams go, and how many bytes they took there.
+struct Outputs {
+    out: AtomicFile,
+    runs_dir: RunDir,
+    bytes_written: u64,
+}
+
+impl Outputs {
+    /// Where the next sorted stream goes: OUT itself (its temp name; a
+    /// clone of its descriptor) when this is the last step, else a new run
+    /// file.
+    fn target(&mut self, to_out: bool) -> Result<(File, PathBuf)> {
+        if to_out {
+            let out = &mut self.out;
+            let file = out.file().try_clone().map_err(io_err(out.tmp_path()))?;
+            return Ok((file, out.tmp_path().to_path_buf()));
+        }
+        let path = self.runs_dir.next_run();
+        Ok((File::create(&path).map_err(io_err(&path))?, path))
     }
-    let path = runs_dir.next_run();
-    Ok((File::create(&path).map_err(io_err(&path))?, path))
 }
 
 /// Records below this count are gathered on one thread.
@@ -294,34 +301,22 @@ pub fn extsort(
     plan: &Plan,
     progress: &dyn Fn(Phase, u64),
 ) -> Result<Measured> {
-    let mut out = AtomicFile::create(output)?;
-    let mut runs_dir = RunDir::create(&tmp_dir(output, options))?;
+    let mut outputs = Outputs {
+        out: AtomicFile::create(output)?,
+        runs_dir: RunDir::create(&tmp_dir(output, options))?,
+        bytes_written: 0,
+    };
     let mut measured = Measured::default();
     let start = Instant::now();
-    let runs = sort_phase(
-        input,
-        options,
-        plan,
-        &mut runs_dir,
-        &mut out,
-        progress,
-        &mut measured.bytes_written,
-    )?;
+    let runs = sort_phase(input, options, plan, &mut outputs, progress)?;
     measured.sort_secs = start.elapsed().as_secs_f64();
     measured.runs_written = runs.len() as u64;
     let start = Instant::now();
     if !runs.is_empty() {
-        merge_phase(
-            runs,
-            options,
-            plan,
-            &mut runs_dir,
-            &mut out,
-            progress,
-            &mut measured.bytes_written,
-        )?;
+        merge_phase(runs, options, plan, &mut outputs, progress)?;
     }
-    out.commit()?;
+    measured.bytes_written = outputs.bytes_written;
+    outputs.out.commit()?;
     measured.merge_secs = start.elapsed().as_secs_f64();
     Ok(measured)
 }
@@ -332,10 +327,8 @@ fn sort_phase(
     input: &Path,
     options: &ExtsortOptions,
     plan: &Plan,
-    runs_dir: &mut RunDir,
-    out: &mut AtomicFile,
+    outputs: &mut Outputs,
     progress: &dyn Fn(Phase, u64),
-    written: &mut u64,
 ) -> Result<Vec<Run>> {
     let r = options.record_size;
     let mut reader = BlockReader::spawn(input, 0, plan.input_bytes, plan.run_bytes as usize)?;
@@ -353,7 +346,7 @@ fn sort_phase(
     let mut scratch = vec![];
     while let Some(chunk) = reader.next_block()? {
         let order = sort_chunk(&chunk, r, options.key_size, options.threads);
-        let (file, path) = output_target(one_run, out, runs_dir)?;
+        let (file, path) = outputs.target(one_run)?;
         let block = block_records * r;
         let mut frames = compress.then(Vec::new);
         // Compressed runs are gathered and compressed frame by frame on
@@ -377,7 +370,7 @@ fn sort_phase(
             }
             writer.write(out)?;
         }
-        *written += writer.finish()?.bytes;
+        outputs.bytes_written += writer.finish()?.bytes;
         progress(Phase::Sort, chunk.len() as u64);
         reader.recycle(chunk);
         if !one_run {
@@ -475,10 +468,8 @@ fn merge_phase(
     mut runs: Vec<Run>,
     options: &ExtsortOptions,
     plan: &Plan,
-    runs_dir: &mut RunDir,
-    out: &mut AtomicFile,
+    outputs: &mut Outputs,
     progress: &dyn Fn(Phase, u64),
-    written: &mut u64,
 ) -> Result<()> {
     let fan_in = plan.fan_in.max(2) as usize;
     let mut pass = 0;
@@ -487,13 +478,13 @@ fn merge_phase(
         let last = runs.len() <= fan_in;
         let mut next = vec![];
         for group in runs.chunks(fan_in) {
-            let (file, path) = output_target(last, out, runs_dir)?;
+            let (file, path) = outputs.target(last)?;
             let block = plan.merge_block_bytes as usize;
             let writer = stream_writer(file, &path, block, plan, !last, options.threads)?;
             let done = merge_group(group, writer, options, plan, &|n| {
                 progress(Phase::Merge(pass), n)
             })?;
-            *written += done.bytes;
+            outputs.bytes_written += done.bytes;
             let frames = done.frames;
             for merged in group {
                 let _ = std::fs::remove_file(&merged.path);
