@@ -4,12 +4,15 @@
 //!   fixed width:  out[i] = values[code[i]]                 (a gather)
 //!   strings:      index[code] = (offsets[code], offsets[code+1] - offsets[code])
 //!                 (the dictionary's own Arrow offsets: nothing to build)
-//!                 pass 1: out offsets = prefix sum of index[code[i]].len
-//!                 pass 2: copy bytes[offset .. offset+len] for each row
+//!                 pass 1: out offsets = prefix sum of index[code[i]].len,
+//!                         start[i] = index[code[i]].offset
+//!                 pass 2: copy bytes[start[i] ..] to out[offsets[i] ..],
+//!                         one 32-byte move per value of at most 32 bytes
 //!   to views:     table[code] = view(offset, len), once per dictionary
 //!                 out[i] = table[code[i]]           (a 16-byte gather)
 //! ```
 
+use std::borrow::Cow;
 use std::sync::Arc;
 
 use arrow::array::builder::make_view;
@@ -72,7 +75,7 @@ fn decode_typed<K: ArrowDictionaryKeyType>(
     let codes = codes_in_range(keys, values.len());
     if values.is_empty() {
         // Every code was checked, so every row is null.
-        recycle(codes);
+        recycle_codes(codes);
         return Ok(new_null_array(values.data_type(), keys.len()));
     }
     let nulls = row_nulls(dict, &codes);
@@ -86,42 +89,71 @@ fn decode_typed<K: ArrowDictionaryKeyType>(
         }
         _ => arrow::compute::cast(dict, values.data_type()),
     };
-    recycle(codes);
+    recycle_codes(codes);
     out
 }
 
 /// The codes as u32 indices; null rows get code 0 (their output is masked).
-/// Precondition: every non-null code indexes the dictionary.
+/// Panics naming the first valid row whose code is past the dictionary.
+/// 4-byte keys without nulls are borrowed, not copied (a negative i32
+/// reads as a u32 past any dictionary, so the range check still sees it).
 fn codes_in_range<K: ArrowDictionaryKeyType>(
     keys: &PrimitiveArray<K>,
     dictionary_len: usize,
-) -> Vec<u32> {
-    let mut codes = take_vec(keys.len());
+) -> Cow<'_, [u32]> {
     let check = |i: usize, code: usize| {
         if code >= dictionary_len {
             key_out_of_range_at(code, i, dictionary_len);
         }
     };
+    let check_widest = |codes: &[u32]| {
+        let widest = codes.iter().copied().max().map(|c| c as usize);
+        if let Some(code) = widest.filter(|&c| c >= dictionary_len) {
+            let row = codes.iter().position(|&c| c as usize == code);
+            check(row.unwrap_or(0), code);
+        }
+    };
     match keys.nulls().filter(|n| n.null_count() > 0) {
+        None if std::mem::size_of::<K::Native>() == 4 => {
+            let values = keys.values();
+            // SAFETY: 4-byte keys are i32 or u32, each readable as u32.
+            let codes: &[u32] =
+                unsafe { std::slice::from_raw_parts(values.as_ptr().cast(), values.len()) };
+            check_widest(codes);
+            Cow::Borrowed(codes)
+        }
         None => {
-            // No nulls: convert in a loop that vectorizes, check once.
-            codes.extend(keys.values().iter().map(|k| k.as_usize() as u32));
+            // Convert in a loop that vectorizes, check once. Keys wider
+            // than u32 are checked before they are narrowed.
+            let mut codes = take_vec(keys.len());
             let widest = keys.values().iter().map(|k| k.as_usize()).max();
             if let Some(code) = widest.filter(|&c| c >= dictionary_len) {
                 let row = keys.values().iter().position(|k| k.as_usize() == code);
                 check(row.unwrap_or(0), code);
             }
+            codes.extend(keys.values().iter().map(|k| k.as_usize() as u32));
+            Cow::Owned(codes)
         }
-        Some(nulls) => codes.extend(keys.values().iter().enumerate().map(|(i, k)| {
-            if nulls.is_null(i) {
-                return 0;
-            }
-            let code = k.as_usize();
-            check(i, code);
-            code as u32
-        })),
+        Some(nulls) => {
+            let mut codes = take_vec(keys.len());
+            codes.extend(keys.values().iter().enumerate().map(|(i, k)| {
+                if nulls.is_null(i) {
+                    return 0;
+                }
+                let code = k.as_usize();
+                check(i, code);
+                code as u32
+            }));
+            Cow::Owned(codes)
+        }
     }
-    codes
+}
+
+/// Returns an owned code vector to the scratch pool.
+fn recycle_codes(codes: Cow<'_, [u32]>) {
+    if let Cow::Owned(codes) = codes {
+        recycle(codes);
+    }
 }
 
 #[cold]
@@ -384,8 +416,11 @@ fn decode_fixed(
 }
 
 /// Variable-length values through the (offset, length) the dictionary's
-/// offsets give each code: in one pass when every value is short, else
-/// in two (lengths, then bytes).
+/// offsets give each code, in two passes: each row's start and output
+/// offset (the running sum of lengths), then the bytes. Knowing every
+/// row's output offset before copying makes each copy one 32-byte move
+/// whose address does not wait on the previous row's length; one pass
+/// that did both was 13-20% slower (`sortbench --only-decode`).
 fn decode_bytes<T: ByteArrayType>(
     values: &GenericByteArray<T>,
     codes: &[u32],
@@ -397,19 +432,18 @@ where
     let bytes = values.value_data();
     let value_offsets = values.value_offsets();
     let is_valid = |row: usize| nulls.as_ref().is_none_or(|n| n.is_valid(row));
-    let one_pass = longest_short_value(value_offsets, codes.len()).filter(|&longest| {
-        let most = codes.len().checked_mul(longest);
-        most.is_some_and(|b| T::Offset::from_usize(b).is_some())
-    });
-    let (out_offsets, out_bytes) = match (one_pass, &nulls) {
-        (Some(longest), None) => copy_short_values(bytes, value_offsets, codes, |_| true, longest),
-        (Some(longest), Some(_)) => {
-            copy_short_values(bytes, value_offsets, codes, is_valid, longest)
-        }
-        (None, None) => copy_in_two_passes::<T>(bytes, value_offsets, codes, |_| true)?,
-        (None, Some(_)) => copy_in_two_passes::<T>(bytes, value_offsets, codes, is_valid)?,
+    // Starts as u32 when they fit: half the scratch of u64.
+    let starts_fit_u32 = u32::try_from(bytes.len()).is_ok();
+    let (out_offsets, out_bytes) = match (starts_fit_u32, &nulls) {
+        (true, None) => copy_in_two_passes::<T, u32>(bytes, value_offsets, codes, |_| true)?,
+        (true, Some(_)) => copy_in_two_passes::<T, u32>(bytes, value_offsets, codes, is_valid)?,
+        (false, _) => copy_in_two_passes::<T, u64>(bytes, value_offsets, codes, is_valid)?,
     };
-    let offsets = OffsetBuffer::new(ScalarBuffer::from(pooled_buffer(out_offsets)));
+    debug_assert!(out_offsets.windows(2).all(|w| w[0] <= w[1]));
+    // SAFETY: the offsets are a running sum of lengths from 0, so they
+    // are monotonic (checking that again cost 6% of string decode, perf).
+    let offsets =
+        unsafe { OffsetBuffer::new_unchecked(ScalarBuffer::from(pooled_buffer(out_offsets))) };
     // SAFETY: each row's bytes are one whole value of `values` (valid for
     // T, UTF-8 included) and the offsets are their running sum.
     let out =
@@ -417,26 +451,11 @@ where
     Ok(Arc::new(out))
 }
 
-/// The dictionary's longest value if it is at most [`SHORT_VALUE_BYTES`].
-/// Finding it reads the whole dictionary, so only dictionaries of at most
-/// [`DICTIONARY_SCAN_ENTRIES_PER_ROW`] entries per decoded row are read (a
-/// Parquet column chunk's dictionary may be far larger than a batch).
-fn longest_short_value<O: ArrowNativeType>(value_offsets: &[O], rows: usize) -> Option<usize> {
-    let entries = value_offsets.len().saturating_sub(1);
-    if entries > DICTIONARY_SCAN_ENTRIES_PER_ROW * rows {
-        return None;
-    }
-    let longest = value_offsets
-        .iter()
-        .zip(value_offsets.iter().skip(1))
-        .map(|(a, b)| b.as_usize().wrapping_sub(a.as_usize()))
-        .max()
-        .unwrap_or(0);
-    (longest <= SHORT_VALUE_BYTES).then_some(longest)
-}
-
-/// Offsets first (the running sum of the rows' lengths), then the bytes.
-fn copy_in_two_passes<T: ByteArrayType>(
+/// Pass 1 records each row's start in `bytes` (type S) and output offset;
+/// pass 2 copies. Null rows are empty.
+/// Precondition: every valid row's code indexes the dictionary (checked
+/// by `codes_in_range`, which panics otherwise).
+fn copy_in_two_passes<T: ByteArrayType, S: ArrowNativeType + Pod>(
     bytes: &[u8],
     value_offsets: &[T::Offset],
     codes: &[u32],
@@ -445,104 +464,116 @@ fn copy_in_two_passes<T: ByteArrayType>(
 where
     T::Offset: Pod,
 {
-    let span = |code: u32| {
-        let code = code as usize;
-        let start = value_offsets[code].as_usize();
-        (start, value_offsets[code + 1].as_usize() - start)
-    };
-    let mut out_offsets: Vec<T::Offset> = take_vec(codes.len() + 1);
+    let entries = value_offsets.len().saturating_sub(1);
+    debug_assert!(codes.iter().all(|&c| (c as usize) < entries.max(1)));
+    let n = codes.len();
+    let mut out_offsets: Vec<T::Offset> = take_vec(n + 1);
+    let mut starts: Vec<S> = take_vec(n);
     let mut total = 0usize;
-    out_offsets.push(T::Offset::usize_as(0));
-    for (row, &code) in codes.iter().enumerate() {
-        if is_valid(row) {
-            total += span(code).1;
-        }
-        out_offsets.push(T::Offset::usize_as(total));
+    let offset_slots = &mut out_offsets.spare_capacity_mut()[..n + 1];
+    offset_slots[0].write(T::Offset::usize_as(0));
+    let rows = codes
+        .iter()
+        .zip(&mut starts.spare_capacity_mut()[..n])
+        .zip(&mut offset_slots[1..]);
+    for (row, ((&code, start_slot), offset_slot)) in rows.enumerate() {
+        let (start, len) = if is_valid(row) {
+            // SAFETY: the caller checked every valid row's code against
+            // the dictionary, so `code + 1` indexes its offsets.
+            let (a, b) = unsafe {
+                (
+                    value_offsets.get_unchecked(code as usize).as_usize(),
+                    value_offsets.get_unchecked(code as usize + 1).as_usize(),
+                )
+            };
+            (a, b - a)
+        } else {
+            (0, 0)
+        };
+        start_slot.write(S::usize_as(start));
+        total += len;
+        offset_slot.write(T::Offset::usize_as(total));
+    }
+    // SAFETY: the loop wrote all n + 1 offsets and n starts.
+    unsafe {
+        out_offsets.set_len(n + 1);
+        starts.set_len(n);
     }
     if T::Offset::from_usize(total).is_none() {
+        recycle(starts);
         return Err(ArrowError::InvalidArgumentError(format!(
             "decoded values reach {total} bytes, past what {} offsets hold",
             T::DATA_TYPE
         )));
     }
-    let out_bytes = copy_values(bytes, span, codes, is_valid, total);
-    Ok((out_offsets, out_bytes))
+    let mut out: Vec<u8> = take_vec(total + SHORT_VALUE_BYTES);
+    // SAFETY: each start and length come from a valid byte array's
+    // offsets, so `start + len <= bytes.len()`; the output offsets are
+    // their running sum up to `total`, and `out` has room for `total + 32`.
+    unsafe { copy_rows(bytes, &starts, &out_offsets, out.as_mut_ptr()) };
+    recycle(starts);
+    // SAFETY: bytes [0, total) were all written by `copy_rows`.
+    unsafe { out.set_len(total) };
+    Ok((out_offsets, out))
 }
 
-/// The one-pass string path scans the dictionary for its longest value
-/// only if it has at most this many entries per row being decoded.
-const DICTIONARY_SCAN_ENTRIES_PER_ROW: usize = 4;
-
-/// How far ahead the short-string path prefetches a code's offsets (and
-/// half as far its bytes).
-const STRING_PREFETCH_ROWS: usize = 64;
-
-/// Bytes copied per value by the short-value path (one 32-byte move
-/// instead of a variable-length memcpy call).
+/// Bytes copied per value in one move (instead of a variable-length
+/// memcpy call) when the value is at most this long.
 const SHORT_VALUE_BYTES: usize = 32;
 
-/// Short values in one pass: the output is sized for `longest` bytes per
-/// row, so offsets and bytes are written together and each code's
-/// dictionary entry is looked up once (the two-pass path looks up every
-/// code twice, and with 64Ki-entry dictionaries both lookups miss L1).
-/// Dictionaries that crowd L2 are prefetched: the offset two steps ahead,
-/// the bytes one step ahead.
-fn copy_short_values<O: ArrowNativeType + Pod>(
+/// Copies row `i`'s value (`bytes[starts[i]..]`, as long as its output
+/// offsets say) to `dst + offsets[i]`, in row order: a 32-byte move may
+/// run past its row, and the next row overwrites the excess. With AVX2
+/// the move is one instruction; with SSE it is two, and the loop was 40%
+/// slower (`sortbench --only-decode`, 256 entries).
+///
+/// # Safety
+/// `offsets.len() == starts.len() + 1`, monotonic; every
+/// `starts[i] + (offsets[i + 1] - offsets[i]) <= bytes.len()`; `dst`
+/// writable for `offsets[last] + 32` bytes, not overlapping `bytes`.
+unsafe fn copy_rows<O: ArrowNativeType, S: ArrowNativeType>(
     bytes: &[u8],
-    value_offsets: &[O],
-    codes: &[u32],
-    is_valid: impl Fn(usize) -> bool,
-    longest: usize,
-) -> (Vec<O>, Vec<u8>) {
-    assert!(longest <= SHORT_VALUE_BYTES, "short values only");
-    let entries = value_offsets.len().saturating_sub(1);
-    debug_assert!(codes.iter().all(|&c| (c as usize) < entries.max(1)));
-    let n = codes.len();
-    let mut offsets: Vec<O> = take_vec(n + 1);
-    let mut out: Vec<u8> = take_vec(n * longest + SHORT_VALUE_BYTES);
-    let (src, dst, out_offsets) = (bytes.as_ptr(), out.as_mut_ptr(), offsets.as_mut_ptr());
-    let starts = value_offsets.as_ptr();
-    let mut at = 0usize;
-    let dictionary_bytes = std::mem::size_of_val(value_offsets) + bytes.len();
-    let prefetched = if prefetch_pays(dictionary_bytes) {
-        n.saturating_sub(STRING_PREFETCH_ROWS)
-    } else {
-        0
-    };
-    // SAFETY (whole loop): the caller checked every code against the
-    // dictionary (`codes_in_range`; null rows carry code 0 and are skipped
-    // or, for an empty dictionary, never reach here as valid), so
-    // `code + 1 < value_offsets.len()`; a valid byte array's offsets are
-    // monotonic and inside `bytes`; `at <= row * longest` and each value
-    // is at most `longest` long, so with capacity `n * longest + 32` every
-    // 32-byte store and offset write stays inside its allocation. Without
-    // bounds checks the loop is half as many instructions (perf).
-    unsafe {
-        out_offsets.write(O::usize_as(0));
-        for row in 0..n {
-            if row < prefetched {
-                let far = *codes.get_unchecked(row + STRING_PREFETCH_ROWS) as usize;
-                prefetch(starts.add(far));
-                let near = *codes.get_unchecked(row + STRING_PREFETCH_ROWS / 2) as usize;
-                // A value may straddle two cache lines: fetch both.
-                let near = src.wrapping_add((*starts.add(near)).as_usize());
-                prefetch(near);
-                prefetch(near.wrapping_add(SHORT_VALUE_BYTES - 1));
-            }
-            if is_valid(row) {
-                let code = *codes.get_unchecked(row) as usize;
-                let start = (*starts.add(code)).as_usize();
-                let len = (*starts.add(code + 1)).as_usize() - start;
-                copy_value(bytes, start, len, dst.add(at));
-                at += len;
-            }
-            out_offsets.add(row + 1).write(O::usize_as(at));
-        }
-        assert!(at <= n * longest, "values longer than the longest");
-        out.set_len(at);
-        offsets.set_len(n + 1);
+    starts: &[S],
+    offsets: &[O],
+    dst: *mut u8,
+) {
+    #[cfg(target_arch = "x86_64")]
+    if std::is_x86_feature_detected!("avx2") {
+        return copy_rows_avx2(bytes, starts, offsets, dst);
     }
-    (offsets, out)
+    copy_rows_inline(bytes, starts, offsets, dst)
+}
+
+/// [`copy_rows`] compiled for AVX2.
+///
+/// # Safety
+/// As for [`copy_rows`], and AVX2 available.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn copy_rows_avx2<O: ArrowNativeType, S: ArrowNativeType>(
+    bytes: &[u8],
+    starts: &[S],
+    offsets: &[O],
+    dst: *mut u8,
+) {
+    copy_rows_inline(bytes, starts, offsets, dst)
+}
+
+/// # Safety
+/// As for [`copy_rows`].
+#[inline(always)]
+unsafe fn copy_rows_inline<O: ArrowNativeType, S: ArrowNativeType>(
+    bytes: &[u8],
+    starts: &[S],
+    offsets: &[O],
+    dst: *mut u8,
+) {
+    debug_assert_eq!(offsets.len(), starts.len() + 1);
+    for (row, start) in starts.iter().enumerate() {
+        let at = offsets.get_unchecked(row).as_usize();
+        let len = offsets.get_unchecked(row + 1).as_usize() - at;
+        copy_value(bytes, start.as_usize(), len, dst.add(at));
+    }
 }
 
 /// Copies `bytes[start..start + len]` to `dst`: one 32-byte move when the
@@ -572,36 +603,6 @@ unsafe fn copy_value(bytes: &[u8], start: usize, len: usize, dst: *mut u8) {
 #[inline(never)]
 unsafe fn copy_near_end(src: *const u8, dst: *mut u8, len: usize) {
     std::ptr::copy_nonoverlapping(src, dst, len)
-}
-
-/// Concatenates the values the codes name (`total` bytes in all).
-/// Generic over the closures so both inline: as `&dyn Fn` they cost two
-/// indirect calls per row.
-fn copy_values(
-    bytes: &[u8],
-    span: impl Fn(u32) -> (usize, usize),
-    codes: &[u32],
-    is_valid: impl Fn(usize) -> bool,
-    total: usize,
-) -> Vec<u8> {
-    let mut out: Vec<u8> = take_vec(total + SHORT_VALUE_BYTES);
-    let dst = out.as_mut_ptr();
-    let mut at = 0usize;
-    for (row, &code) in codes.iter().enumerate() {
-        if !is_valid(row) {
-            continue;
-        }
-        let (start, len) = span(code);
-        assert!(start + len <= bytes.len(), "value inside the dictionary");
-        // SAFETY: `at + len <= total` (the offsets pass summed the same
-        // lengths) and capacity is `total + 32`; the source was checked.
-        unsafe { copy_value(bytes, start, len, dst.add(at)) };
-        at += len;
-    }
-    assert_eq!(at, total, "copied bytes match the offsets");
-    // SAFETY: bytes [0, total) were all written above.
-    unsafe { out.set_len(total) };
-    out
 }
 
 /// Decodes a dictionary of strings or binaries into a view array
@@ -653,7 +654,7 @@ fn decode_to_views<K: ArrowDictionaryKeyType>(
         } else {
             pooled_buffer(gather_values(&table.views, &codes))
         };
-        recycle(codes);
+        recycle_codes(codes);
         (views, nulls)
     };
     let views = ScalarBuffer::<u128>::new(views, 0, keys.len());
@@ -773,6 +774,31 @@ mod tests {
         let f = std::panic::AssertUnwindSafe(f);
         let err = std::panic::catch_unwind(f).expect_err("decode must refuse the key");
         err.downcast_ref::<String>().cloned().unwrap_or_default()
+    }
+
+    /// Starts kept as u64 (dictionaries past 4 GiB of values, too large
+    /// to build in a test) copy the same bytes as u32 starts.
+    #[test]
+    fn wide_starts_copy_the_same_rows() {
+        let words: Vec<String> = (0..300).map(|i| "x".repeat(i % 45)).collect();
+        let values = arrow::array::LargeStringArray::from_iter_values(&words);
+        let codes: Vec<u32> = (0..1001u32).map(|i| (i * 7919) % 300).collect();
+        let valid = |row: usize| row % 5 != 3;
+        let (bytes, offsets) = (values.value_data(), values.value_offsets());
+        let narrow =
+            copy_in_two_passes::<LargeUtf8Type, u32>(bytes, offsets, &codes, valid).unwrap();
+        let wide = copy_in_two_passes::<LargeUtf8Type, u64>(bytes, offsets, &codes, valid).unwrap();
+        assert_eq!(narrow, wide);
+        let (out_offsets, out) = wide;
+        for (row, &code) in codes.iter().enumerate() {
+            let (a, b) = (out_offsets[row] as usize, out_offsets[row + 1] as usize);
+            let want = if valid(row) {
+                words[code as usize].as_str()
+            } else {
+                ""
+            };
+            assert_eq!(&out[a..b], want.as_bytes(), "row {row}");
+        }
     }
 
     #[test]
