@@ -29,6 +29,7 @@ KEYS = [
     ("l_shipmode", "dictionary-encoded string"),
     ("l_shipinstruct", "dictionary-encoded string"),
     ("l_extendedprice", "decimal"),
+    ("l_orderkey", "integer, input already in key order"),
 ]
 
 

@@ -2,7 +2,8 @@
 # ORDER BY benchmark, competitors side by side in one run on the same Parquet:
 # insitu (Parquet partitions, and hybrid partitions keyed on the sort column)
 # vs DuckDB, Polars and DataFusion-Python, all columns of lineitem sorted by
-# an integer, two dictionary-encoded strings and a decimal.
+# an integer, two dictionary-encoded strings, a decimal, and the integer key
+# lineitem is generated in (input already sorted).
 #
 #   bench/orderby.sh [SF] [RUNS] [DEVICES] [THREADS]    e.g. bench/orderby.sh 1 3 2 2
 #
@@ -26,7 +27,7 @@ per_device=$(( threads / devices > 0 ? threads / devices : 1 ))
 if [ ! -f "$data/parquet/dev0/manifest.json" ]; then
   "$insitu" gen tpch --sf "$sf" --devices "$devices" --root "$data/parquet" --replace
 fi
-for key in l_partkey l_shipmode l_shipinstruct l_extendedprice; do
+for key in l_partkey l_shipmode l_shipinstruct l_extendedprice l_orderkey; do
   if [ ! -f "$data/hybrid/$key/dev0/manifest.json" ]; then
     "$insitu" load --table lineitem --devices "$devices" --root "$data/hybrid/$key" \
       --layout hybrid --hybrid-key "$key" --replace "$data"/parquet/dev*/lineitem/*.parquet

@@ -461,7 +461,7 @@ fn unpack_column(rows: &[u8], row_width: usize, offset: usize, w: usize, out: &m
     }
 }
 
-fn as_bytes_mut(v: &mut [u128]) -> &mut [u8] {
+pub(crate) fn as_bytes_mut(v: &mut [u128]) -> &mut [u8] {
     // SAFETY: any bytes are a valid u8, u8 has alignment 1, and the length
     // covers exactly the same memory.
     unsafe { std::slice::from_raw_parts_mut(v.as_mut_ptr() as *mut u8, std::mem::size_of_val(v)) }

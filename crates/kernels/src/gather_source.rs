@@ -18,6 +18,12 @@
 //! buffer index is rebased while packing so that it points into the list of
 //! all batches' buffers. Other columns (booleans, dictionaries, offset
 //! strings, nested types) are concatenated once and gathered with `take`.
+//!
+//! An order that walks the batches nearly row by row (input already
+//! nearly sorted, such as a table clustered on the key) reads every column
+//! as a stream anyway; for it [`SourceLayout::Columns`] skips the packing,
+//! and its copy into fresh memory, and gathers each fixed-width column
+//! from the batches where it lies.
 
 use std::sync::Arc;
 
@@ -29,8 +35,8 @@ use arrow::datatypes::{DataType, SchemaRef};
 use arrow::error::ArrowError;
 
 use crate::gather::{
-    check_indices, fixed_part_bytes, gather_in_range, gather_nulls, gather_packed, pack_column,
-    row_groups,
+    as_bytes_mut, check_indices, fixed_part_bytes, gather_in_range, gather_nulls, gather_packed,
+    pack_column, row_groups,
 };
 use crate::mem::{pooled_buffer, recycle, take_vec_filled};
 
@@ -53,8 +59,61 @@ use crate::mem::{pooled_buffer, recycle, take_vec_filled};
 pub struct GatherSource {
     schema: SchemaRef,
     rows: usize,
+    /// Global row number of each batch's first row, then `rows`.
+    batch_starts: Vec<usize>,
     groups: Vec<PackedGroup>,
     columns: Vec<ColumnSource>,
+}
+
+/// How a [`GatherSource`] keeps its fixed-width columns.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SourceLayout {
+    /// Packed into rows once, from every batch: a random gather then costs
+    /// one cache miss per row and row group instead of one per column.
+    Rows,
+    /// Left in the batches, each column gathered where it lies: no packing
+    /// pass and no memory for packed rows. For orders that read the
+    /// batches nearly row by row.
+    Columns,
+}
+
+/// An order reads its batches nearly row by row when at least this many
+/// of every 1024 steps go forward by at most [`SHORT_STEP_ROWS`].
+const FORWARD_STEPS_PER_1024_MIN: usize = 960;
+
+/// Steps this short (in rows) read each cache line of a column about
+/// once. Longer ones do not pay: a stable sort of a key with K values
+/// leaves K ascending runs, each reading every line of every column again
+/// (ORDER BY l_shipmode, 7 runs with steps of ~7 rows: gathering from the
+/// batches took a quarter of the device's time and the query was no
+/// faster than through packed rows).
+const SHORT_STEP_ROWS: u32 = 2;
+
+impl SourceLayout {
+    /// [`SourceLayout::Columns`] when nearly every step of `order` goes
+    /// forward one or two rows, else [`SourceLayout::Rows`].
+    ///
+    /// ```
+    /// use insitu_kernels::SourceLayout;
+    /// // Input that was sorted already but for a few rows.
+    /// let mut nearly: Vec<u32> = (0..5000).collect();
+    /// nearly.swap(10, 4000);
+    /// assert_eq!(SourceLayout::for_order(&nearly), SourceLayout::Columns);
+    /// // A stable sort of a key with 7 values: 7 runs with steps of ~7 rows.
+    /// let runs: Vec<u32> = (0..7).flat_map(|k| (k..5000).step_by(7)).collect();
+    /// assert_eq!(SourceLayout::for_order(&runs), SourceLayout::Rows);
+    /// ```
+    pub fn for_order(order: &[u32]) -> Self {
+        let steps = order.len().saturating_sub(1);
+        let forward = order
+            .windows(2)
+            .filter(|w| w[1] > w[0] && w[1] - w[0] <= SHORT_STEP_ROWS)
+            .count();
+        match steps > 0 && forward * 1024 >= steps * FORWARD_STEPS_PER_1024_MIN {
+            true => SourceLayout::Columns,
+            false => SourceLayout::Rows,
+        }
+    }
 }
 
 /// The fixed-width parts of some columns, packed into rows.
@@ -71,6 +130,17 @@ enum ColumnSource {
         /// The data buffers of every batch, for view columns.
         data_buffers: Vec<Buffer>,
     },
+    /// A fixed-width column left in its batches ([`SourceLayout::Columns`]).
+    Batched {
+        width: usize,
+        /// Each batch's array of this column.
+        parts: Vec<ArrayData>,
+        /// For view columns, where each batch's data buffers start in
+        /// `data_buffers` (what its views' buffer indices are rebased by).
+        view_bases: Option<Vec<u32>>,
+        nulls: Option<NullBuffer>,
+        data_buffers: Vec<Buffer>,
+    },
     /// The batches' arrays, concatenated.
     Concatenated(ArrayRef),
 }
@@ -79,6 +149,16 @@ impl GatherSource {
     /// Packs `batches` (all with the column types of `schema`) for
     /// gathering; the gathered batches have `schema`.
     pub fn new(schema: SchemaRef, batches: &[RecordBatch]) -> Result<Self, ArrowError> {
+        Self::with_layout(schema, batches, SourceLayout::Rows)
+    }
+
+    /// Prepares `batches` for gathering with the fixed-width columns kept
+    /// as `layout` says (see [`SourceLayout::for_order`]).
+    pub fn with_layout(
+        schema: SchemaRef,
+        batches: &[RecordBatch],
+        layout: SourceLayout,
+    ) -> Result<Self, ArrowError> {
         let types = |s: &SchemaRef| -> Vec<DataType> {
             s.fields().iter().map(|f| f.data_type().clone()).collect()
         };
@@ -102,30 +182,49 @@ impl GatherSource {
         let packable: Vec<(usize, usize)> = (schema.fields().iter().enumerate())
             .filter_map(|(i, f)| packed_width(f.data_type()).map(|w| (i, w)))
             .collect();
-        let groups: Vec<PackedGroup> = row_groups(packable)
-            .into_iter()
-            .map(|members| pack_group(batches, members, rows))
-            .collect::<Result<_, _>>()?;
+        let groups: Vec<PackedGroup> = match layout {
+            SourceLayout::Rows => row_groups(packable)
+                .into_iter()
+                .map(|members| pack_group(batches, members, rows))
+                .collect::<Result<_, _>>()?,
+            SourceLayout::Columns => vec![],
+        };
+        let mut batch_starts = Vec::with_capacity(batches.len() + 1);
+        batch_starts.push(0);
+        for b in batches {
+            batch_starts.push(batch_starts.last().copied().unwrap_or(0) + b.num_rows());
+        }
         let mut columns = Vec::with_capacity(schema.fields().len());
         for (i, field) in schema.fields().iter().enumerate() {
             let arrays: Vec<&dyn Array> = batches.iter().map(|b| b.column(i).as_ref()).collect();
-            columns.push(match packed_width(field.data_type()) {
-                Some(_) => ColumnSource::Packed {
+            let data_buffers = || -> Vec<Buffer> {
+                arrays
+                    .iter()
+                    .flat_map(|a| a.to_data().buffers()[1..].to_vec())
+                    .collect()
+            };
+            columns.push(match (packed_width(field.data_type()), layout) {
+                (Some(_), SourceLayout::Rows) => ColumnSource::Packed {
                     nulls: concat_nulls(&arrays),
-                    data_buffers: arrays
-                        .iter()
-                        .flat_map(|a| a.to_data().buffers()[1..].to_vec())
-                        .collect(),
+                    data_buffers: data_buffers(),
                 },
-                None if arrays.is_empty() => {
+                (Some(width), SourceLayout::Columns) => ColumnSource::Batched {
+                    width,
+                    parts: arrays.iter().map(|a| a.to_data()).collect(),
+                    view_bases: view_bases(field.data_type(), &arrays)?,
+                    nulls: concat_nulls(&arrays),
+                    data_buffers: data_buffers(),
+                },
+                (None, _) if arrays.is_empty() => {
                     ColumnSource::Concatenated(arrow::array::new_empty_array(field.data_type()))
                 }
-                None => ColumnSource::Concatenated(concat(&arrays)?),
+                (None, _) => ColumnSource::Concatenated(concat(&arrays)?),
             });
         }
         Ok(Self {
             schema,
             rows,
+            batch_starts,
             groups,
             columns,
         })
@@ -151,30 +250,155 @@ impl GatherSource {
                 else {
                     unreachable!("group members are packed columns");
                 };
-                let mut buffers =
-                    vec![pooled_buffer(values).slice_with_length(0, indices.len() * w)];
-                buffers.extend(data_buffers.iter().cloned());
-                let data = ArrayData::builder(self.schema.field(c).data_type().clone())
-                    .len(indices.len())
-                    .buffers(buffers)
-                    .nulls(gather_nulls(nulls.as_ref(), indices));
-                // SAFETY: every value is a bit copy of a source value, views
-                // rebased to the same bytes in `data_buffers`; the buffer
-                // holds exactly `len` values with 16-byte alignment.
-                let data = unsafe { data.build_unchecked() };
-                debug_assert!(data.validate_full().is_ok());
-                out[c] = Some(make_array(data));
+                out[c] = Some(self.fixed_width_array(c, values, w, nulls, data_buffers, indices));
             }
         }
-        let columns = (out.into_iter().zip(&self.columns))
-            .map(|(done, source)| match (done, source) {
+        let columns = (out.into_iter().zip(&self.columns).enumerate())
+            .map(|(c, (done, source))| match (done, source) {
                 (Some(array), _) => Ok(array),
                 (None, ColumnSource::Concatenated(array)) => gather_in_range(array, indices),
+                (
+                    None,
+                    ColumnSource::Batched {
+                        width,
+                        parts,
+                        view_bases,
+                        nulls,
+                        data_buffers,
+                    },
+                ) => {
+                    let parts: Vec<&[u8]> =
+                        parts.iter().map(|p| fixed_part_bytes(p, *width)).collect();
+                    let source = BatchedColumn {
+                        parts: &parts,
+                        starts: &self.batch_starts,
+                        view_bases: view_bases.as_deref(),
+                    };
+                    let values = source.gather(*width, indices);
+                    Ok(self.fixed_width_array(c, values, *width, nulls, data_buffers, indices))
+                }
                 (None, ColumnSource::Packed { .. }) => unreachable!("packed columns are gathered"),
             })
             .collect::<Result<Vec<_>, _>>()?;
         let options = RecordBatchOptions::new().with_row_count(Some(indices.len()));
         RecordBatch::try_new_with_options(Arc::clone(&self.schema), columns, &options)
+    }
+
+    /// Column `c` from its gathered `w`-byte values, sharing the source's
+    /// view data buffers, with the validity of the gathered rows.
+    fn fixed_width_array(
+        &self,
+        c: usize,
+        values: Vec<u128>,
+        w: usize,
+        nulls: &Option<NullBuffer>,
+        data_buffers: &[Buffer],
+        indices: &[u32],
+    ) -> ArrayRef {
+        let mut buffers = vec![pooled_buffer(values).slice_with_length(0, indices.len() * w)];
+        buffers.extend(data_buffers.iter().cloned());
+        let data = ArrayData::builder(self.schema.field(c).data_type().clone())
+            .len(indices.len())
+            .buffers(buffers)
+            .nulls(gather_nulls(nulls.as_ref(), indices));
+        // SAFETY: every value is a bit copy of a source value, views
+        // rebased to the same bytes in `data_buffers`; the buffer holds
+        // exactly `len` values with 16-byte alignment.
+        let data = unsafe { data.build_unchecked() };
+        debug_assert!(data.validate_full().is_ok());
+        make_array(data)
+    }
+}
+
+/// One fixed-width column left in its batches.
+struct BatchedColumn<'a> {
+    /// Each batch's values, `w` bytes per row.
+    parts: &'a [&'a [u8]],
+    /// Global row of each batch's first row, then the total.
+    starts: &'a [usize],
+    view_bases: Option<&'a [u32]>,
+}
+
+impl BatchedColumn<'_> {
+    /// The `w`-byte values at `indices` (checked to be below the total),
+    /// 16-byte aligned.
+    fn gather(&self, w: usize, indices: &[u32]) -> Vec<u128> {
+        let mut values: Vec<u128> = take_vec_filled((indices.len() * w).div_ceil(16));
+        let out = &mut as_bytes_mut(&mut values)[..indices.len() * w];
+        match (w, self.view_bases) {
+            (16, Some(bases)) => self.gather_views(bases, indices, out),
+            (1, _) => self.gather_w::<1>(indices, out),
+            (2, _) => self.gather_w::<2>(indices, out),
+            (4, _) => self.gather_w::<4>(indices, out),
+            (8, _) => self.gather_w::<8>(indices, out),
+            (16, None) => self.gather_w::<16>(indices, out),
+            _ => self.gather_any(w, indices, out),
+        }
+        values
+    }
+
+    /// Other widths (decimal256's 32 bytes), with the width known at run
+    /// time.
+    fn gather_any(&self, w: usize, indices: &[u32], out: &mut [u8]) {
+        let mut at = BatchCursor::new(self.starts);
+        for (&row, o) in indices.iter().zip(out.chunks_exact_mut(w)) {
+            let (b, local) = at.locate(row as usize);
+            o.copy_from_slice(&self.parts[b][local * w..][..w]);
+        }
+    }
+
+    fn gather_w<const W: usize>(&self, indices: &[u32], out: &mut [u8]) {
+        let (out, _) = out.as_chunks_mut::<W>();
+        let mut at = BatchCursor::new(self.starts);
+        for (&row, o) in indices.iter().zip(out) {
+            let (b, local) = at.locate(row as usize);
+            o.copy_from_slice(&self.parts[b][local * W..][..W]);
+        }
+    }
+
+    /// Views, each non-inline view's buffer index rebased by its batch's
+    /// base (as packing does).
+    fn gather_views(&self, bases: &[u32], indices: &[u32], out: &mut [u8]) {
+        let (out, _) = out.as_chunks_mut::<16>();
+        let mut at = BatchCursor::new(self.starts);
+        for (&row, o) in indices.iter().zip(out) {
+            let (b, local) = at.locate(row as usize);
+            let (views, _) = self.parts[b].as_chunks::<16>();
+            let mut view = u128::from_le_bytes(views[local]);
+            if (view as u32) > 12 {
+                // The buffer index is bits 64..96; `view_bases` checked that
+                // every rebased index fits, so nothing carries past bit 96.
+                view += (bases[b] as u128) << 64;
+            }
+            *o = view.to_le_bytes();
+        }
+    }
+}
+
+/// Finds the batch holding a global row; successive rows close together
+/// (the orders [`SourceLayout::Columns`] is for) stay in the same batch
+/// without a search.
+struct BatchCursor<'a> {
+    starts: &'a [usize],
+    batch: usize,
+}
+
+impl<'a> BatchCursor<'a> {
+    fn new(starts: &'a [usize]) -> Self {
+        assert!(!starts.is_empty(), "batch starts end with the total");
+        Self { starts, batch: 0 }
+    }
+
+    /// `(batch, row within it)` of global `row` (below the total).
+    #[inline]
+    fn locate(&mut self, row: usize) -> (usize, usize) {
+        let s = self.starts;
+        if row < s[self.batch] || row >= s[(self.batch + 1).min(s.len() - 1)] {
+            // The last batch starting at or before `row`: empty batches
+            // start where the next one does, so this skips them.
+            self.batch = s.partition_point(|&start| start <= row) - 1;
+        }
+        (self.batch, row - s[self.batch])
     }
 }
 
@@ -253,6 +477,28 @@ fn pack_views(values: &[u8], rows: &mut [u8], row_width: usize, offset: usize, b
         }
         row[offset..offset + 16].copy_from_slice(&view.to_le_bytes());
     }
+}
+
+/// For a view column, where each array's data buffers start in the list of
+/// all of them; `None` for other columns.
+fn view_bases(dt: &DataType, arrays: &[&dyn Array]) -> Result<Option<Vec<u32>>, ArrowError> {
+    if !matches!(dt, DataType::Utf8View | DataType::BinaryView) {
+        return Ok(None);
+    }
+    let mut bases = Vec::with_capacity(arrays.len());
+    let mut next = 0usize;
+    for a in arrays {
+        bases.push(u32::try_from(next).map_err(|_| too_many_view_buffers(next))?);
+        next += a.to_data().buffers().len() - 1;
+    }
+    u32::try_from(next).map_err(|_| too_many_view_buffers(next))?;
+    Ok(Some(bases))
+}
+
+fn too_many_view_buffers(buffers: usize) -> ArrowError {
+    ArrowError::InvalidArgumentError(format!(
+        "{buffers} view data buffers exceed u32 buffer indices"
+    ))
 }
 
 /// The validity of the arrays one after another; `None` if none has nulls.

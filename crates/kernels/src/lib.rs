@@ -38,7 +38,7 @@ pub use gather::{
     gather, gather_batch, gather_batch_with, gather_rows, gather_rows_into, gather_values,
     ROW_GROUP_BYTES_MAX,
 };
-pub use gather_source::GatherSource;
+pub use gather_source::{GatherSource, SourceLayout};
 pub use radix::SortIndex;
 pub use rows::argsort_columns;
 pub use views::{compact_views, validate_full_fast, validate_utf8_views};

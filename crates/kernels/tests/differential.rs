@@ -544,6 +544,28 @@ fn random_pieces(rng: &mut StdRng, batch: &RecordBatch) -> Vec<RecordBatch> {
     pieces
 }
 
+/// Random indices; ascending runs (what a stable sort of a key with few
+/// distinct values gives); and nearly sorted rows (what
+/// `SourceLayout::Columns` is for).
+fn gather_orders(rng: &mut StdRng, n: usize) -> [Vec<u32>; 3] {
+    let m = if n == 0 {
+        0
+    } else {
+        rng.random_range(0..2 * n)
+    };
+    let random: Vec<u32> = (0..m).map(|_| rng.random_range(0..n as u32)).collect();
+    let keys: Vec<u8> = (0..n).map(|_| rng.random_range(0..3)).collect();
+    let keys = &keys;
+    let runs: Vec<u32> = (0..3u8)
+        .flat_map(|k| (0..n as u32).filter(move |&i| keys[i as usize] == k))
+        .collect();
+    let mut nearly: Vec<u32> = (0..n as u32).collect();
+    for _ in 0..n / 100 {
+        nearly.swap(rng.random_range(0..n), rng.random_range(0..n));
+    }
+    [random, runs, nearly]
+}
+
 #[test]
 fn gather_source_matches_take() {
     let mut rng = StdRng::seed_from_u64(47);
@@ -551,30 +573,45 @@ fn gather_source_matches_take() {
         let arrays = random_arrays(&mut rng, n);
         let batch = batch_for_gather(&mut rng, &arrays);
         let pieces = random_pieces(&mut rng, &batch);
-        let source = GatherSource::new(batch.schema(), &pieces).unwrap();
-        assert_eq!(source.num_rows(), n);
-        let m = if n == 0 {
-            0
-        } else {
-            rng.random_range(0..2 * n)
-        };
-        let idx: Vec<u32> = (0..m).map(|_| rng.random_range(0..n as u32)).collect();
-        // Gathered a chunk at a time, as a sort streams its output.
-        for chunk in idx.chunks(rng.random_range(1..=m.max(1))) {
-            let got = source.gather(chunk).unwrap();
-            assert_eq!(got.num_rows(), chunk.len());
-            for (c, column) in batch.columns().iter().enumerate() {
-                let want =
-                    arrow::compute::take(column.as_ref(), &UInt32Array::from(chunk.to_vec()), None)
-                        .unwrap();
-                let got = got.column(c);
-                got.to_data().validate_full().unwrap();
-                assert_eq!(got.as_ref(), want.as_ref(), "column {c} n={n}");
+        for layout in [SourceLayout::Rows, SourceLayout::Columns] {
+            let source = GatherSource::with_layout(batch.schema(), &pieces, layout).unwrap();
+            assert_eq!(source.num_rows(), n);
+            for idx in gather_orders(&mut rng, n) {
+                let m = idx.len();
+                // Gathered a chunk at a time, as a sort streams its output.
+                for chunk in idx.chunks(rng.random_range(1..=m.max(1))) {
+                    let got = source.gather(chunk).unwrap();
+                    assert_eq!(got.num_rows(), chunk.len());
+                    for (c, column) in batch.columns().iter().enumerate() {
+                        let indices = UInt32Array::from(chunk.to_vec());
+                        let want = arrow::compute::take(column.as_ref(), &indices, None).unwrap();
+                        let got = got.column(c);
+                        got.to_data().validate_full().unwrap();
+                        assert_eq!(got.as_ref(), want.as_ref(), "column {c} n={n} {layout:?}");
+                    }
+                }
+            }
+            if n > 0 {
+                let err = source.gather(&[n as u32]).err().unwrap();
+                assert!(err.to_string().contains("out of range"), "{err}");
             }
         }
-        if n > 0 {
-            let err = source.gather(&[n as u32]).err().unwrap();
-            assert!(err.to_string().contains("out of range"), "{err}");
+        // Only the nearly sorted order reads the batches row by row.
+        let [random, runs, nearly] = gather_orders(&mut rng, n);
+        if n >= 1000 {
+            assert_eq!(
+                SourceLayout::for_order(&nearly),
+                SourceLayout::Columns,
+                "n={n}"
+            );
+            assert_eq!(SourceLayout::for_order(&runs), SourceLayout::Rows, "n={n}");
+        }
+        if random.len() >= 100 {
+            assert_eq!(
+                SourceLayout::for_order(&random),
+                SourceLayout::Rows,
+                "n={n}"
+            );
         }
     }
     let arrays = random_arrays(&mut rng, 3);
