@@ -364,13 +364,7 @@ impl BatchedColumn<'_> {
         for (&row, o) in indices.iter().zip(out) {
             let (b, local) = at.locate(row as usize);
             let (views, _) = self.parts[b].as_chunks::<16>();
-            let mut view = u128::from_le_bytes(views[local]);
-            if (view as u32) > 12 {
-                // The buffer index is bits 64..96; `view_bases` checked that
-                // every rebased index fits, so nothing carries past bit 96.
-                view += (bases[b] as u128) << 64;
-            }
-            *o = view.to_le_bytes();
+            *o = rebase_view(u128::from_le_bytes(views[local]), bases[b]).to_le_bytes();
         }
     }
 }
@@ -469,13 +463,20 @@ fn pack_group(
 fn pack_views(values: &[u8], rows: &mut [u8], row_width: usize, offset: usize, base: u32) {
     let (views, _) = values.as_chunks::<16>();
     for (v, row) in views.iter().zip(rows.chunks_exact_mut(row_width)) {
-        let mut view = u128::from_le_bytes(*v);
-        if (view as u32) > 12 {
-            // The buffer index is bits 64..96; the caller checked that
-            // every rebased index fits, so nothing carries past bit 96.
-            view += (base as u128) << 64;
-        }
+        let view = rebase_view(u128::from_le_bytes(*v), base);
         row[offset..offset + 16].copy_from_slice(&view.to_le_bytes());
+    }
+}
+
+/// `view` with its data buffer index moved up by `base`, unless the value
+/// is inline (12 bytes or fewer: no buffer). The index is bits 64..96; the
+/// callers checked that every rebased index fits in u32, so nothing carries
+/// past bit 96.
+#[inline]
+fn rebase_view(view: u128, base: u32) -> u128 {
+    match (view as u32) > 12 {
+        true => view + ((base as u128) << 64),
+        false => view,
     }
 }
 
