@@ -182,11 +182,16 @@ impl GatherSource {
         let packable: Vec<(usize, usize)> = (schema.fields().iter().enumerate())
             .filter_map(|(i, f)| packed_width(f.data_type()).map(|w| (i, w)))
             .collect();
+        // Per column: for views, where each batch's data buffers start in
+        // the list of all of them (what its buffer indices are rebased by).
+        let view_bases: Vec<Option<Vec<u32>>> = (schema.fields().iter().enumerate())
+            .map(|(c, f)| view_bases(c, f.data_type(), batches))
+            .collect::<Result<_, _>>()?;
         let groups: Vec<PackedGroup> = match layout {
             SourceLayout::Rows => row_groups(packable)
                 .into_iter()
-                .map(|members| pack_group(batches, members, rows))
-                .collect::<Result<_, _>>()?,
+                .map(|members| pack_group(batches, members, &view_bases, rows))
+                .collect(),
             SourceLayout::Columns => vec![],
         };
         let mut batch_starts = Vec::with_capacity(batches.len() + 1);
@@ -195,7 +200,7 @@ impl GatherSource {
             batch_starts.push(batch_starts.last().copied().unwrap_or(0) + b.num_rows());
         }
         let mut columns = Vec::with_capacity(schema.fields().len());
-        for (i, field) in schema.fields().iter().enumerate() {
+        for ((i, field), view_bases) in schema.fields().iter().enumerate().zip(view_bases) {
             let arrays: Vec<&dyn Array> = batches.iter().map(|b| b.column(i).as_ref()).collect();
             let data_buffers = || -> Vec<Buffer> {
                 arrays
@@ -211,7 +216,7 @@ impl GatherSource {
                 (Some(width), SourceLayout::Columns) => ColumnSource::Batched {
                     width,
                     parts: arrays.iter().map(|a| a.to_data()).collect(),
-                    view_bases: view_bases(field.data_type(), &arrays)?,
+                    view_bases,
                     nulls: concat_nulls(&arrays),
                     data_buffers: data_buffers(),
                 },
@@ -420,42 +425,31 @@ fn packed_width(dt: &DataType) -> Option<usize> {
 fn pack_group(
     batches: &[RecordBatch],
     members: Vec<(usize, usize)>,
+    view_bases: &[Option<Vec<u32>>],
     rows: usize,
-) -> Result<PackedGroup, ArrowError> {
+) -> PackedGroup {
     let row_width: usize = members.iter().map(|&(_, w)| w).sum();
     let mut packed: Vec<u8> = take_vec_filled(rows * row_width);
     let mut at = 0;
-    // Buffers of each member's earlier batches: where this batch's view
-    // buffer indices start in the shared list.
-    let mut buffer_bases = vec![0usize; members.len()];
-    for batch in batches {
+    for (b, batch) in batches.iter().enumerate() {
         let n = batch.num_rows();
         let dst = &mut packed[at * row_width..(at + n) * row_width];
         let mut offset = 0;
-        for (m, &(c, w)) in members.iter().enumerate() {
+        for &(c, w) in &members {
             let data = batch.column(c).to_data();
             let values = fixed_part_bytes(&data, w);
-            let is_view = matches!(data.data_type(), DataType::Utf8View | DataType::BinaryView);
-            let base = buffer_bases[m];
-            buffer_bases[m] += data.buffers().len() - 1;
-            if u32::try_from(buffer_bases[m]).is_err() {
-                return Err(ArrowError::InvalidArgumentError(format!(
-                    "column {c}: {} view data buffers exceed u32 buffer indices",
-                    buffer_bases[m]
-                )));
-            }
-            match is_view && base > 0 {
-                true => pack_views(values, dst, row_width, offset, base as u32),
-                false => pack_column(values, dst, row_width, offset, w),
+            match view_bases[c].as_ref().map_or(0, |bases| bases[b]) {
+                0 => pack_column(values, dst, row_width, offset, w),
+                base => pack_views(values, dst, row_width, offset, base),
             }
             offset += w;
         }
         at += n;
     }
-    Ok(PackedGroup {
+    PackedGroup {
         rows: packed,
         members,
-    })
+    }
 }
 
 /// Packs 16-byte views at byte `offset` of consecutive rows, adding `base`
@@ -480,26 +474,29 @@ fn rebase_view(view: u128, base: u32) -> u128 {
     }
 }
 
-/// For a view column, where each array's data buffers start in the list of
-/// all of them; `None` for other columns.
-fn view_bases(dt: &DataType, arrays: &[&dyn Array]) -> Result<Option<Vec<u32>>, ArrowError> {
+/// For a view column `c`, where each batch's data buffers start in the
+/// list of all of them; `None` for other columns. Refuses more buffers
+/// than u32 buffer indices reach.
+fn view_bases(
+    c: usize,
+    dt: &DataType,
+    batches: &[RecordBatch],
+) -> Result<Option<Vec<u32>>, ArrowError> {
     if !matches!(dt, DataType::Utf8View | DataType::BinaryView) {
         return Ok(None);
     }
-    let mut bases = Vec::with_capacity(arrays.len());
+    let mut bases = Vec::with_capacity(batches.len());
     let mut next = 0usize;
-    for a in arrays {
-        bases.push(u32::try_from(next).map_err(|_| too_many_view_buffers(next))?);
-        next += a.to_data().buffers().len() - 1;
+    for batch in batches {
+        bases.push(next as u32);
+        next += batch.column(c).to_data().buffers().len() - 1;
+        if u32::try_from(next).is_err() {
+            return Err(ArrowError::InvalidArgumentError(format!(
+                "column {c}: {next} view data buffers exceed u32 buffer indices"
+            )));
+        }
     }
-    u32::try_from(next).map_err(|_| too_many_view_buffers(next))?;
     Ok(Some(bases))
-}
-
-fn too_many_view_buffers(buffers: usize) -> ArrowError {
-    ArrowError::InvalidArgumentError(format!(
-        "{buffers} view data buffers exceed u32 buffer indices"
-    ))
 }
 
 /// The validity of the arrays one after another; `None` if none has nulls.
