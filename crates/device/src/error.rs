@@ -43,7 +43,11 @@ impl DeviceError {
             DataFusionError::ResourcesExhausted(msg) => Self::new(
                 device,
                 DeviceErrorKind::ResourcesExhausted,
-                format!("memory budget mem_bytes_max={mem_bytes_max} bytes exhausted: {msg}"),
+                format!(
+                    "memory budget mem_bytes_max={mem_bytes_max} bytes exhausted \
+                     (queries may reserve {} bytes of it; the rest is kernel scratch): {msg}",
+                    crate::query_bytes_max(mem_bytes_max)
+                ),
             ),
             DataFusionError::Plan(msg) => Self::new(device, DeviceErrorKind::BadPlan, msg.clone()),
             _ => Self::new(device, DeviceErrorKind::Execution, e.to_string()),

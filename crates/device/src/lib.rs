@@ -64,10 +64,23 @@ pub const RESULT_CHUNKS_IN_FLIGHT: usize = 8;
 /// Most rows per batch a device's operators produce (`batch_rows_max`).
 pub const BATCH_ROWS_MAX: usize = 8192;
 
-/// Share of a device's `mem_bytes_max` the sort kernels may keep as
-/// pre-faulted scratch between calls (fresh gigabyte buffers cost more in
-/// page zeroing than the sort itself).
+/// Share of a device's `mem_bytes_max` set aside for the kernels' scratch
+/// pool, which keeps pre-faulted buffers between calls (fresh gigabyte
+/// buffers cost more in page zeroing than the sort itself). Queries get
+/// the rest ([`query_bytes_max`]), so reservations and retained scratch
+/// together stay within the budget.
 pub const SCRATCH_POOL_SHARE_OF_BUDGET: usize = 8;
+
+/// Bytes of a device's budget its kernels' scratch pool may retain.
+pub fn scratch_bytes_max(mem_bytes_max: usize) -> usize {
+    mem_bytes_max / SCRATCH_POOL_SHARE_OF_BUDGET
+}
+
+/// Bytes of a device's budget its queries may reserve: the budget less
+/// the scratch pool's share.
+pub fn query_bytes_max(mem_bytes_max: usize) -> usize {
+    mem_bytes_max - scratch_bytes_max(mem_bytes_max)
+}
 
 /// The scratch shares of the devices alive in this process, in bytes.
 static LIVE_SCRATCH_SHARES: std::sync::Mutex<usize> = std::sync::Mutex::new(0);
@@ -77,7 +90,7 @@ static LIVE_SCRATCH_SHARES: std::sync::Mutex<usize> = std::sync::Mutex::new(0);
 /// embedded in one process share the pool); `+ 1` for a device starting,
 /// `- 1` for one stopping.
 fn retain_kernel_scratch(mem_bytes_max: usize, sign: isize) {
-    let share = mem_bytes_max / SCRATCH_POOL_SHARE_OF_BUDGET;
+    let share = scratch_bytes_max(mem_bytes_max);
     let mut total = LIVE_SCRATCH_SHARES
         .lock()
         .unwrap_or_else(|e| e.into_inner());
@@ -249,7 +262,7 @@ impl Device {
             Arc::clone(&bytes_read),
         ));
         let pool = Arc::new(PeakTrackingPool::new(Arc::new(TrackConsumersPool::new(
-            GreedyMemoryPool::new(config.mem_bytes_max),
+            GreedyMemoryPool::new(query_bytes_max(config.mem_bytes_max)),
             std::num::NonZeroUsize::new(3).expect("nonzero"),
         ))));
         let runtime_env = RuntimeEnvBuilder::new()
@@ -517,7 +530,7 @@ impl Device {
             threads: self.config.threads.max(1),
             top_k: top_k || self.config.kernel_top_k,
             spill_dir: Some(self.dir.clone()),
-            mem_bytes_max: self.config.mem_bytes_max,
+            mem_bytes_max: query_bytes_max(self.config.mem_bytes_max),
         }
     }
 
@@ -809,4 +822,32 @@ fn rows_scanned(plan: &Arc<dyn ExecutionPlan>) -> u64 {
         Ok(TreeNodeRecursion::Continue)
     });
     rows
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use datafusion::execution::memory_pool::MemoryLimit;
+
+    /// The scratch pool's share is carved out of the budget: queries may
+    /// reserve only the rest, and a reservation past it is refused.
+    #[test]
+    fn queries_reserve_the_budget_less_the_scratch_share() {
+        let dir = tempfile::tempdir().unwrap();
+        let budget = 64 << 20;
+        let config = DeviceConfig {
+            mem_bytes_max: budget,
+            ..DeviceConfig::new(0)
+        };
+        let device = Device::create(dir.path(), config).unwrap();
+        let query = query_bytes_max(budget);
+        assert_eq!(query + scratch_bytes_max(budget), budget);
+        assert!(query < budget);
+        assert!(matches!(device.pool.memory_limit(), MemoryLimit::Finite(n) if n == query));
+        let pool: Arc<dyn MemoryPool> = device.pool.clone();
+        let reservation = MemoryConsumer::new("test").register(&pool);
+        assert!(reservation.try_grow(query).is_ok());
+        assert!(reservation.try_grow(1).is_err(), "past the query share");
+        assert_eq!(device.sort_config(false).mem_bytes_max, query);
+    }
 }

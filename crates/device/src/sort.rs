@@ -57,8 +57,9 @@ pub struct SortConfig {
     /// Where sorts spill sorted runs when the input outgrows the memory
     /// budget; `None`: such a sort fails.
     pub spill_dir: Option<PathBuf>,
-    /// The device's memory budget (`mem_bytes_max`): a hybrid sort is
-    /// used only if its files fit.
+    /// What the device's queries may reserve (its `mem_bytes_max` less
+    /// the kernels' scratch share): a hybrid sort is used only if its
+    /// files fit.
     pub mem_bytes_max: usize,
 }
 
