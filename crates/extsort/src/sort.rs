@@ -240,13 +240,19 @@ fn stream_writer(
     to_run: bool,
     threads: usize,
 ) -> Result<BlockWriter> {
-    let compression = (to_run && plan.run_codec != RunCodec::None).then_some(FrameShape {
+    let compression =
+        (to_run && plan.run_codec != RunCodec::None).then(|| frame_shape(plan, threads));
+    BlockWriter::spawn_with(file, path, block, compression)
+}
+
+/// How `plan` cuts and compresses run frames, on `threads` threads.
+fn frame_shape(plan: &Plan, threads: usize) -> FrameShape {
+    FrameShape {
         codec: plan.run_codec,
         frame: plan.frame_bytes as usize,
         record: plan.record_size as usize,
         threads,
-    });
-    BlockWriter::spawn_with(file, path, block, compression)
+    }
 }
 
 /// Where sorted streams go, and how many bytes they took there.
@@ -336,12 +342,7 @@ fn sort_phase(
     let mut runs = vec![];
     let block_records = (plan.sort_block_bytes as usize / r).max(1);
     let compress = !one_run && plan.run_codec != RunCodec::None;
-    let shape = FrameShape {
-        codec: plan.run_codec,
-        frame: plan.frame_bytes as usize,
-        record: r,
-        threads: options.threads,
-    };
+    let shape = frame_shape(plan, options.threads);
     // One frame per compressing thread, kept across blocks.
     let mut scratch = vec![];
     while let Some(chunk) = reader.next_block()? {
