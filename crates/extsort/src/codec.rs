@@ -8,6 +8,11 @@
 //!  header     payload bytes (u32 LE) · raw bytes (u32 LE)
 //! ```
 //!
+//! A frame whose payload is as long as its raw bytes is stored as it is:
+//! a codec's output is kept only when it is shorter, so records the codec
+//! cannot shrink cost a header per frame and no decompression, and one run
+//! may mix stored and compressed frames.
+//!
 //! Runs are written once and read once, so every byte kept off the
 //! storage is a byte neither written nor read: with writes at 315-419 MB/s
 //! here, a codec that compresses faster than the storage writes shortens
@@ -118,19 +123,26 @@ pub fn stored_bytes_max(raw: usize, frame: usize) -> usize {
 
 /// Compresses `raw` into one frame at the start of `out` (at least
 /// [`frame_bytes_max`]`(raw.len())` bytes); returns the frame's length.
+/// The frame is stored (its payload is `raw` itself) when `codec` is
+/// [`RunCodec::None`] or its output would not be shorter than `raw`.
 pub fn compress_frame(codec: RunCodec, raw: &[u8], out: &mut [u8]) -> usize {
-    assert!(codec != RunCodec::None, "a frame has a codec");
     assert!(
         out.len() >= frame_bytes_max(raw.len()),
         "room for the bound"
     );
     let (header, body) = out.split_at_mut(FRAME_HEADER_BYTES);
-    let payload = match codec {
+    let compressed = match codec {
         RunCodec::Lz4 => lz4_flex::block::compress_into(raw, body).expect("room for the bound"),
         RunCodec::Snappy => snap::raw::Encoder::new()
             .compress(raw, body)
             .expect("room for the bound"),
-        RunCodec::None => unreachable!(),
+        RunCodec::None => raw.len(),
+    };
+    let payload = if compressed < raw.len() {
+        compressed
+    } else {
+        body[..raw.len()].copy_from_slice(raw);
+        raw.len()
     };
     header[..4].copy_from_slice(&(payload as u32).to_le_bytes());
     header[4..].copy_from_slice(&(raw.len() as u32).to_le_bytes());
@@ -174,6 +186,10 @@ pub fn decompress_frame(
         )));
     }
     let body = &stored[FRAME_HEADER_BYTES..];
+    if payload == raw {
+        out[..raw].copy_from_slice(body);
+        return Ok(raw);
+    }
     let got = match codec {
         RunCodec::Lz4 => lz4_flex::block::decompress_into(body, &mut out[..raw])
             .map_err(|e| corrupt(e.to_string()))?,
@@ -487,6 +503,59 @@ mod tests {
                     "n={n} threads={threads} frame={frame_records}"
                 );
             }
+        }
+    }
+
+    /// Stored frames (asked for with `RunCodec::None`, or when a codec
+    /// would not shrink the bytes) carry the raw bytes, and one run may
+    /// mix them with compressed frames: each decodes by its header.
+    #[test]
+    fn stored_and_compressed_frames_mix_in_one_run() {
+        let mut x = 0x9E37_79B9_7F4A_7C15u64;
+        let noise: Vec<u8> = (0..7_000)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                x as u8
+            })
+            .collect();
+        let text = records(70, 11);
+        for codec in [RunCodec::Lz4, RunCodec::Snappy] {
+            let pieces = [
+                (RunCodec::None, &text[..]),
+                (codec, &text[..]),
+                (codec, &noise[..]), // incompressible: stored
+                (RunCodec::None, &noise[..1]),
+                (codec, &text[..0]),
+            ];
+            let mut out = Vec::with_capacity(pieces.len() * stored_bytes_max(7_000, 1_000));
+            let mut lens = vec![];
+            for (c, raw) in pieces {
+                let shape = FrameShape {
+                    codec: c,
+                    frame: 1_000,
+                    record: 1,
+                    threads: 2,
+                };
+                compress_frames(raw, shape, &mut out, &mut lens);
+            }
+            let (mut at, mut back, mut stored) = (0, vec![], 0);
+            let mut buf = vec![0u8; 1_000];
+            for &l in &lens {
+                let frame = &out[at..at + l as usize];
+                let n = decompress_frame(codec, frame, &mut buf, "run", at as u64).unwrap();
+                stored += usize::from(l as usize == n + FRAME_HEADER_BYTES);
+                back.extend_from_slice(&buf[..n]);
+                at += l as usize;
+            }
+            let want: Vec<u8> = pieces.iter().flat_map(|(_, r)| r.iter().copied()).collect();
+            assert!(back == want, "{codec}: every byte back");
+            // 7 text frames stored on purpose, 7 of noise the codec could
+            // not shrink, 1 of one noise byte; the 7 compressed text
+            // frames are shorter than their bytes.
+            assert_eq!(stored, 15, "{codec}: {lens:?}");
+            assert!(at < 2 * 7_000 + 2 * 7_000 + 1 + 15 * FRAME_HEADER_BYTES);
         }
     }
 
