@@ -26,8 +26,8 @@ import time
 import duckdb
 
 
-# Seconds of rest before each run, after the last one's files are synced
-# and removed.
+# Seconds of rest before each run, after the last one's files are removed
+# and synced (by drop_caches).
 SETTLE_SECS = 3
 
 
@@ -130,9 +130,8 @@ def main() -> int:
                 os.makedirs(tmp)
                 if os.path.exists(out):
                     os.remove(out)
-                os.sync()
-                time.sleep(SETTLE_SECS)
                 dropped &= drop_caches()
+                time.sleep(SETTLE_SECS)
                 result = run(args, args.input, out, tmp)
                 if name == "insitu extsort":
                     insitu_runs.append(result)
