@@ -144,12 +144,17 @@ fn print_plan(p: &Plan) {
         mb(p.rates.merge(p.fan_in)),
     );
     println!(
-        "plan: runs of M = {} -> {} runs, fan-in l = {}, {} merge pass(es), merge blocks of {}",
+        "plan: runs of M = {} -> {} runs, fan-in l = {}, {} merge pass(es), merge blocks of {}{}",
         human_bytes(p.run_bytes),
         p.runs,
         p.fan_in,
         p.merge_passes,
-        human_bytes(p.merge_block_bytes)
+        human_bytes(p.merge_block_bytes),
+        if p.last_run_in_memory {
+            "; the last run is merged from memory (never written)"
+        } else {
+            ""
+        }
     );
     let codec = |c: RunCodec| {
         let r = p.rates.codec(c);
@@ -223,8 +228,12 @@ pub fn extsort(a: ExtsortArgs) -> Result<(), String> {
     let total_secs = started.elapsed().as_secs_f64();
     println!("| phase | predicted (s) | measured (s) |");
     println!("|---|---|---|");
+    let in_memory = match measured.runs_in_memory {
+        0 => String::new(),
+        n => format!(", {n} kept in memory"),
+    };
     println!(
-        "| sort ({} runs) | {:.2} | {:.2} |",
+        "| sort ({} runs written{in_memory}) | {:.2} | {:.2} |",
         measured.runs_written, plan.predicted_sort_secs, measured.sort_secs
     );
     println!(

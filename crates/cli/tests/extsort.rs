@@ -71,6 +71,17 @@ fn sorts_with_zero_to_three_merge_passes_keeping_every_record() {
         let (ok, out, err) = extsort(&input, &output, "3MiB", &["--run-codec", "none"]);
         assert!(ok, "{out}\n{err}");
         assert_eq!(merge_passes(&out), passes, "{records} records:\n{out}");
+        // A single pass merges the last run from memory: the runs written
+        // hold less than the input. More passes write every run.
+        let kept = out.contains("the last run is merged from memory");
+        assert_eq!(kept, passes == 1, "{records} records:\n{out}");
+        if passes == 1 {
+            assert!(out.contains("1 kept in memory"), "{out}");
+            assert!(
+                run_bytes_written(&out) < (records * 100) as f64,
+                "{records} records: the last run was written:\n{out}"
+            );
+        }
         assert!(
             out.contains("| merge (") && out.contains("predicted"),
             "{out}"
@@ -212,6 +223,15 @@ fn holds_memory_within_the_budget_plus_a_fixed_overhead() {
         assert!(ok, "{out}{err}");
         assert_memory_within_8_mib(&out);
     }
+    // 10 MB: one merge pass, with the last run merged from memory beside
+    // the merge's buffers.
+    let input = dir.path().join("in-small");
+    gensort(100_000, &input, &[]);
+    let out = dir.path().join("out-small");
+    let (ok, out, err) = extsort(&input, &out, "8MiB", &["--run-codec", "none"]);
+    assert!(ok, "{out}{err}");
+    assert!(out.contains("merged from memory"), "{out}");
+    assert_memory_within_8_mib(&out);
 }
 
 fn assert_memory_within_8_mib(out: &str) {

@@ -10,6 +10,8 @@ use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
 use std::thread::JoinHandle;
 use std::time::Instant;
 
+use insitu_kernels::gather_rows_into;
+
 use crate::codec::{
     compress_frames, decompress_frame, frame_bytes_max, stored_bytes_max, FrameShape, RunCodec,
 };
@@ -253,17 +255,35 @@ impl BlockReader {
     }
 
     pub fn spawn(path: &Path, offset: u64, len: u64, block: usize) -> Result<Self> {
+        Self::spawn_first(path, offset, len, block, block)
+    }
+
+    /// As [`BlockReader::spawn`], with a first block of at most `first`
+    /// bytes (at most `block`): a sort's short chunk first, so that the
+    /// last one, which may stay in memory, is whole.
+    pub fn spawn_first(
+        path: &Path,
+        offset: u64,
+        len: u64,
+        first: usize,
+        block: usize,
+    ) -> Result<Self> {
+        assert!(
+            first > 0 && first <= block,
+            "a first block within the buffers"
+        );
         let (file, direct) = open_for_reading(path)?;
         let path = path.to_path_buf();
         let mut at = offset;
         let end = offset + len;
+        let mut next = first;
         // Room for a block that starts and ends mid-page.
         Self::start(read_buffer_bytes(block), move |buffers| {
             if at >= end {
                 return None;
             }
             let mut buf = buffers.take()?;
-            let n = (block as u64).min(end - at) as usize;
+            let n = (std::mem::replace(&mut next, block) as u64).min(end - at) as usize;
             let read = read_block(&file, direct, at, n, &mut buf)
                 .map(|start| Block {
                     buf: Some(buf),
@@ -316,6 +336,40 @@ impl BlockReader {
             });
             at += u64::from(len);
             Some(block)
+        })
+    }
+
+    /// A thread handing out the records of `chunk` in `order`, gathered
+    /// into blocks of at most `block` bytes (whole records), one block
+    /// ahead of the consumer: a sorted run kept in memory, read like one
+    /// on disk. Holds two blocks besides the chunk and the order.
+    pub fn spawn_gather(
+        chunk: Block,
+        order: Vec<u32>,
+        record: usize,
+        block: usize,
+    ) -> Result<Self> {
+        assert!(chunk.len().is_multiple_of(record), "whole records");
+        assert!(
+            order.iter().all(|&i| (i as usize) < chunk.len() / record),
+            "the order names records of the chunk"
+        );
+        let per_block = (block / record).max(1);
+        let mut at = 0;
+        Self::start(aligned_bytes(per_block * record), move |buffers| {
+            if at >= order.len() {
+                return None;
+            }
+            let mut buf = buffers.take()?;
+            let picked = &order[at..(at + per_block).min(order.len())];
+            let n = picked.len() * record;
+            gather_rows_into(&chunk, record, picked, buf.fill_mut(n));
+            at += picked.len();
+            Some(Ok(Block {
+                buf: Some(buf),
+                start: 0,
+                end: n,
+            }))
         })
     }
 
@@ -1044,6 +1098,24 @@ mod tests {
                 assert!(got == want, "offset {offset} len {take} block {block}");
             }
         }
+        // A short first block, then whole ones.
+        for (first, block) in [(1, 4096), (100, 100), (4095, 5000), (77, 1 << 20)] {
+            let mut r = BlockReader::spawn_first(&src, 3, len - 3, first, block).unwrap();
+            let mut sizes = vec![];
+            let mut got = vec![];
+            while let Some(b) = r.next_block().unwrap() {
+                sizes.push(b.len());
+                got.extend_from_slice(&b);
+                r.recycle(b);
+            }
+            assert!(got == data[3..], "first {first} block {block}");
+            assert_eq!(sizes[0], first.min(data.len() - 3), "{sizes:?}");
+            let (last, middle) = sizes[1..].split_last().unwrap_or((&0, &[]));
+            assert!(
+                middle.iter().all(|&n| n == block) && *last <= block,
+                "{sizes:?}"
+            );
+        }
         // Asking past the end is an error naming the file, not a hang.
         let mut r = BlockReader::spawn(&src, 100, len, 4096).unwrap();
         let err = loop {
@@ -1054,5 +1126,51 @@ mod tests {
             }
         };
         assert!(err.contains("src") && err.contains("ends before"), "{err}");
+    }
+
+    /// A run kept in memory reads like one on disk: its records in the
+    /// order given (duplicates and all), in blocks of whole records no
+    /// longer than asked, at odd sizes.
+    #[test]
+    fn gather_reader_hands_out_a_chunk_in_its_order() {
+        let record = 10;
+        let mut x = 11u64;
+        for records in [0usize, 1, 2, 7, 49, 50, 51, 1000] {
+            let whole: Vec<u8> = (0..records * record).map(|i| (i * 7 % 253) as u8).collect();
+            // The records as a window that starts inside its buffer.
+            let chunk = || {
+                let mut buf = AlignedBuf::new(aligned_bytes(whole.len() + 5));
+                buf.fill_mut(whole.len() + 5)[5..].copy_from_slice(&whole);
+                Block {
+                    buf: Some(buf),
+                    start: 5,
+                    end: 5 + whole.len(),
+                }
+            };
+            let order: Vec<u32> = (0..records)
+                .map(|_| {
+                    x = x
+                        .wrapping_mul(6364136223846793005)
+                        .wrapping_add(1442695040888963407);
+                    ((x >> 33) % records as u64) as u32
+                })
+                .collect();
+            let want: Vec<u8> = order
+                .iter()
+                .flat_map(|&i| whole[i as usize * record..][..record].iter().copied())
+                .collect();
+            for block in [1, 10, 35, 4096] {
+                let mut r =
+                    BlockReader::spawn_gather(chunk(), order.clone(), record, block).unwrap();
+                let mut got = vec![];
+                while let Some(b) = r.next_block().unwrap() {
+                    assert!(b.len() % record == 0 && !b.is_empty());
+                    assert!(b.len() <= block.max(record), "block {block}: {}", b.len());
+                    got.extend_from_slice(&b);
+                    r.recycle(b);
+                }
+                assert!(got == want, "{records} records, blocks of {block}");
+            }
+        }
     }
 }

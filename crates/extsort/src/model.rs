@@ -37,6 +37,15 @@
 //! and keeps the one with the least predicted total; ties keep runs
 //! uncompressed.
 //!
+//! The last run need not touch the storage: when the sort phase ends, its
+//! chunk is sorted in memory, and a single merge pass can read it from
+//! there if it fits beside the merge's buffers
+//! ([`Plan::last_run_in_memory`]; the sort reads the short chunk first,
+//! so the last is whole). Then K = M bytes are
+//! neither written (nor compressed) in the sort phase nor read (nor
+//! decompressed) in the merge: the phases' storage and codec terms above
+//! count N - K bytes instead of N.
+//!
 //! Choosing M: the paper takes the smallest M that adds no merge pass,
 //! because its hardware merge tree runs at the same speed whatever its
 //! fan-in. A CPU loser tree pays log2(l) comparisons per record, so here M
@@ -128,6 +137,9 @@ pub struct Plan {
     /// How runs are stored, and their frames' raw size.
     pub run_codec: RunCodec,
     pub frame_bytes: u64,
+    /// The last chunk stays in memory, sorted, and the merge reads it
+    /// from there: it is never written as a run nor read back.
+    pub last_run_in_memory: bool,
     pub rates: Rates,
     pub predicted_sort_secs: f64,
     pub predicted_merge_secs: f64,
@@ -246,6 +258,31 @@ fn max_run_bytes(mem: u64, record_size: u64, format: RunFormat) -> u64 {
 /// small budget, whole records.
 fn sort_block_bytes(mem: u64, record_size: u64) -> u64 {
     (SORT_BLOCK_BYTES.min(mem / 8) / record_size).max(1) * record_size
+}
+
+/// Bytes the last chunk holds while it waits, sorted, to be merged from
+/// memory: the reader's buffer it was read into, and its record order
+/// (a 4-byte index per record).
+pub fn kept_run_bytes(run_bytes: u64, record_size: u64) -> u64 {
+    read_buffer_bytes(run_bytes as usize) as u64 + run_bytes / record_size * 4
+}
+
+/// Whether a single merge pass of `fan_in` runs can take the last one
+/// from memory: the kept chunk and the merge's buffers fit in `mem`
+/// together, with merge blocks no smaller than [`MERGE_BLOCK_BYTES_MIN`]
+/// (or than the blocks the merge would get without it, if smaller).
+fn keeps_last_run(
+    mem: u64,
+    run_bytes: u64,
+    record_size: u64,
+    fan_in: u64,
+    format: RunFormat,
+) -> bool {
+    let Some(left) = mem.checked_sub(kept_run_bytes(run_bytes, record_size)) else {
+        return false;
+    };
+    let block = merge_block_bytes(mem, fan_in, record_size, format).min(MERGE_BLOCK_BYTES_MIN);
+    merge_footprint_bytes(fan_in, block, format) <= left
 }
 
 /// Most runs one merge can take in blocks of [`MERGE_BLOCK_BYTES_MIN`].
@@ -373,60 +410,101 @@ fn plan_format(
         let fan_in = (2..=fan_max)
             .find(|&l| passes(runs, l) <= merge_passes)
             .unwrap_or(fan_max);
+        // Only a single pass merges straight from the sort phase's runs.
+        let keep = merge_passes == 1 && keeps_last_run(mem, run_bytes, record_size, fan_in, format);
+        // The sort reads the short chunk first: the last one is whole.
+        let kept_bytes = if keep { run_bytes } else { 0 };
         let (t1, t2) = phase_secs(
             input_bytes,
             record_size,
             run_bytes,
-            runs,
+            (runs, kept_bytes),
             fan_in,
             merge_passes,
             &rates,
             format,
         );
-        (run_bytes, runs, merge_passes, fan_in, t1, t2)
+        Candidate {
+            run_bytes,
+            runs,
+            merge_passes,
+            fan_in,
+            keep,
+            sort_secs: t1,
+            merge_secs: t2,
+        }
     };
     let best = candidates
         .iter()
         .map(|&m| predict(m.min(records * record_size)))
-        .min_by(|a, b| (a.4 + a.5).total_cmp(&(b.4 + b.5)).then(a.0.cmp(&b.0)))
+        .min_by(|a, b| {
+            let total = |c: &Candidate| c.sort_secs + c.merge_secs;
+            total(a)
+                .total_cmp(&total(b))
+                .then(a.run_bytes.cmp(&b.run_bytes))
+        })
         .expect("at least one candidate");
-    let (run_bytes, runs, merge_passes, fan_in, predicted_sort_secs, predicted_merge_secs) = best;
     // One run is OUT itself: nothing is stored, so nothing compressed.
-    let format = if runs <= 1 { RunFormat::PLAIN } else { format };
-    let merge_block_bytes = merge_block_bytes(mem, fan_in, record_size, format);
+    let format = if best.runs <= 1 {
+        RunFormat::PLAIN
+    } else {
+        format
+    };
+    let merge_mem = match best.keep {
+        true => mem - kept_run_bytes(best.run_bytes, record_size),
+        false => mem,
+    };
     Ok(Some(Plan {
         input_bytes,
         record_size,
         mem_bytes: budget,
-        run_bytes,
-        runs,
-        fan_in,
-        merge_passes,
-        merge_block_bytes,
+        run_bytes: best.run_bytes,
+        runs: best.runs,
+        fan_in: best.fan_in,
+        merge_passes: best.merge_passes,
+        merge_block_bytes: merge_block_bytes(merge_mem, best.fan_in, record_size, format),
         sort_block_bytes: sort_block_bytes(mem, record_size),
         run_codec: format.codec,
         frame_bytes: format.frame,
+        last_run_in_memory: best.keep,
         rates,
-        predicted_sort_secs,
-        predicted_merge_secs,
+        predicted_sort_secs: best.sort_secs,
+        predicted_merge_secs: best.merge_secs,
     }))
 }
 
+/// One run size the planner weighs, and what the model predicts for it.
+struct Candidate {
+    run_bytes: u64,
+    runs: u64,
+    merge_passes: u32,
+    fan_in: u64,
+    /// The last run is merged from memory.
+    keep: bool,
+    sort_secs: f64,
+    merge_secs: f64,
+}
+
 /// Predicted seconds of the sort phase and of all merge passes (eqs. 4
-/// and 6, with the codec's terms from the module doc).
+/// and 6, with the codec's terms from the module doc). `runs` is the run
+/// count and the bytes of the last run kept in memory (0 if it is
+/// written): the sort phase neither compresses nor writes those bytes,
+/// and the merge neither reads nor decompresses them.
 #[allow(clippy::too_many_arguments)]
 fn phase_secs(
     input_bytes: u64,
     record_size: u64,
     run_bytes: u64,
-    runs: u64,
+    (runs, kept_bytes): (u64, u64),
     fan_in: u64,
     merge_passes: u32,
     rates: &Rates,
     format: RunFormat,
 ) -> (f64, f64) {
     let n = input_bytes as f64;
+    let stored = (input_bytes - kept_bytes) as f64;
     let threads = f64::from(rates.threads.max(1));
+    let slowest = |parts: &[f64]| parts.iter().copied().fold(0.0, f64::max);
     // One run goes straight to OUT, uncompressed.
     let c = if runs > 1 {
         rates.codec(format.codec)
@@ -434,25 +512,29 @@ fn phase_secs(
         CodecRate::NONE
     };
     let (compress, decompress) = (1.0 / c.compress, 1.0 / c.decompress);
-    let sort_cpu = 1.0 / (1.0 / rates.sort(run_bytes, record_size) + compress);
-    let t1 = n / rates.read.min(sort_cpu).min(c.ratio * rates.write);
+    let sort_cpu = n / rates.sort(run_bytes, record_size) + stored * compress;
+    let t1 = slowest(&[n / rates.read, sort_cpu, stored / (c.ratio * rates.write)]);
     let merge = rates.merge(fan_in);
-    let pass_secs = |writes_run: bool| {
+    // A pass reading `from_disk` of the n bytes from runs (the rest from
+    // memory) and writing a run or OUT.
+    let pass_secs = |writes_run: bool, from_disk: f64| {
         let (out_compress, write) = if writes_run {
             (compress, c.ratio * rates.write)
         } else {
             (0.0, rates.write)
         };
-        let all_threads = threads / (1.0 / merge + decompress + out_compress);
-        n / (c.ratio * rates.read)
-            .min(merge)
-            .min(all_threads)
-            .min(write)
+        let all_threads = (n / merge + from_disk * decompress + n * out_compress) / threads;
+        slowest(&[
+            from_disk / (c.ratio * rates.read),
+            n / merge,
+            all_threads,
+            n / write,
+        ])
     };
     let t2 = if merge_passes == 0 {
         0.0
     } else {
-        f64::from(merge_passes - 1) * pass_secs(true) + pass_secs(false)
+        f64::from(merge_passes - 1) * pass_secs(true, n) + pass_secs(false, stored)
     };
     (t1, t2)
 }
@@ -475,11 +557,26 @@ mod tests {
     const NONE: CodecChoice = CodecChoice::Only(RunCodec::None);
 
     /// Predicted total of sorting `n` bytes into runs of `m` with fan-in
-    /// `l` and `passes` merge passes, straight from eqs. 3, 4 and 6.
+    /// `l` and `passes` merge passes in 2 GiB, straight from eqs. 3, 4
+    /// and 6: a single pass merges the last run from memory if it fits,
+    /// so its bytes are neither written nor read back.
     fn total(n: u64, m: u64, l: u64, passes: u32) -> f64 {
-        let sort = RATES.read.min(RATES.sort(m, 100)).min(RATES.write);
-        let merge = RATES.read.min(RATES.merge(l)).min(RATES.write);
-        n as f64 / sort + passes as f64 * n as f64 / merge
+        let mem = (2u64 << 30) - BOOKKEEPING_BYTES;
+        let keep = passes == 1 && keeps_last_run(mem, m, 100, l, PLAIN);
+        let kept = if keep { m } else { 0 };
+        let (n, stored) = (n as f64, (n - kept) as f64);
+        let sort = (n / RATES.read)
+            .max(n / RATES.sort(m, 100))
+            .max(stored / RATES.write);
+        let pass = |from_disk: f64| {
+            (from_disk / RATES.read)
+                .max(n / RATES.merge(l))
+                .max(n / RATES.write)
+        };
+        match passes {
+            0 => sort,
+            p => sort + f64::from(p - 1) * pass(n) + pass(stored),
+        }
     }
 
     #[test]
@@ -553,7 +650,12 @@ mod tests {
                 if p.run_codec != RunCodec::None {
                     assert!(p.frame_bytes >= record && p.frame_bytes % record == 0);
                 }
-                let merge = merge_footprint_bytes(p.fan_in, p.merge_block_bytes, format);
+                let kept = match p.last_run_in_memory {
+                    true => kept_run_bytes(p.run_bytes, record),
+                    false => 0,
+                };
+                assert!(!p.last_run_in_memory || p.merge_passes == 1, "{p:?}");
+                let merge = merge_footprint_bytes(p.fan_in, p.merge_block_bytes, format) + kept;
                 let records = p.run_bytes / record;
                 let run_side = 2 * p.run_bytes + records * SORT_BYTES_PER_RECORD;
                 let sort = run_side + sort_overhead_bytes(p.sort_block_bytes, format);
@@ -591,10 +693,16 @@ mod tests {
             auto.predicted_sort_secs < plain.predicted_sort_secs,
             "{auto:?} {plain:?}"
         );
-        // Sort phase: CPU (sort, plus one core's compression) is the limit.
+        // Sort phase: CPU (sort, plus one core's compression of what is
+        // stored: not the last run, kept in memory) is the limit.
+        assert!(auto.last_run_in_memory, "{auto:?}");
         let c = slow_disk.codec(auto.run_codec);
-        let cpu = 1.0 / (1.0 / slow_disk.sort(auto.run_bytes, 100) + 1.0 / c.compress);
-        let want = (4 * gib) as f64 / cpu.min(slow_disk.read).min(c.ratio * slow_disk.write);
+        let n = (4 * gib) as f64;
+        let stored = (4 * gib - auto.run_bytes) as f64;
+        let cpu = n / slow_disk.sort(auto.run_bytes, 100) + stored / c.compress;
+        let want = cpu
+            .max(n / slow_disk.read)
+            .max(stored / (c.ratio * slow_disk.write));
         assert!((auto.predicted_sort_secs - want).abs() < 1e-6, "{auto:?}");
         let fast_disk = Rates {
             write: 4e9,
@@ -623,6 +731,45 @@ mod tests {
         )
         .unwrap();
         assert_eq!((p.runs, p.run_codec), (1, RunCodec::None));
+    }
+
+    /// A single merge pass takes the last run from memory when it fits
+    /// beside the merge's buffers; then the sort stores, and the merge
+    /// reads, only the other runs.
+    #[test]
+    fn keeps_the_last_run_in_memory_when_a_single_pass_has_room() {
+        let (mib, gib) = (1u64 << 20, 1u64 << 30);
+        let p = plan(4 * gib, 100, gib, RATES, NONE).unwrap();
+        assert_eq!(p.merge_passes, 1, "{p:?}");
+        assert!(p.last_run_in_memory, "{p:?}");
+        let kept = kept_run_bytes(p.run_bytes, 100);
+        let merge = merge_footprint_bytes(p.fan_in, p.merge_block_bytes, PLAIN);
+        assert!(kept + merge + BOOKKEEPING_BYTES <= gib, "{p:?}");
+        assert!(p.merge_block_bytes >= MERGE_BLOCK_BYTES_MIN, "{p:?}");
+        // Where reading runs back is the merge's limit, not writing the
+        // runs predicts more time.
+        let fast = Rates {
+            read: 1e9,
+            write: 4e9,
+            sort: 8e9,
+            merge2: 2e10,
+            ..RATES
+        };
+        let p = plan(4 * gib, 100, gib, fast, NONE).unwrap();
+        assert!(p.last_run_in_memory, "{p:?}");
+        let kept = (p.runs, 0);
+        let (t1, t2) = phase_secs(4 * gib, 100, p.run_bytes, kept, p.fan_in, 1, &fast, PLAIN);
+        assert!(p.predicted_merge_secs < t2, "{p:?} vs {t2}");
+        assert!(p.predicted_total_secs() < t1 + t2, "{p:?}");
+        // Several passes keep nothing: the run would wait in memory
+        // through every pass before the last.
+        let p = plan(32 * mib, 100, 3 * mib, RATES, NONE).unwrap();
+        assert!(p.merge_passes >= 2 && !p.last_run_in_memory, "{p:?}");
+        // Room is what decides: a wide merge does not fit beside a
+        // large kept run, a narrow one does.
+        assert!(keeps_last_run(64 * mib, 40 * mib, 100, 4, PLAIN));
+        assert!(!keeps_last_run(64 * mib, 40 * mib, 100, 60, PLAIN));
+        assert!(!keeps_last_run(64 * mib, 70 * mib, 100, 2, PLAIN));
     }
 
     #[test]

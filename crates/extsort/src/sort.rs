@@ -8,6 +8,10 @@
 //!               thread one block behind; the last pass writes OUT
 //! ```
 //!
+//! When the plan merges in one pass and memory allows, the last chunk is
+//! not written: it stays in memory with its order, and a thread gathers
+//! its records in order for the merge as a reader would read them.
+//!
 //! Runs may be stored compressed ([`crate::codec`]; the plan says): in
 //! the sort phase every thread gathers a frame of records and compresses
 //! it while it is in cache; a merge pass that writes a run hands its
@@ -68,7 +72,10 @@ pub enum Phase {
 pub struct Measured {
     pub sort_secs: f64,
     pub merge_secs: f64,
+    /// Runs written to storage.
     pub runs_written: u64,
+    /// Runs merged from memory without being written (0 or 1).
+    pub runs_in_memory: u64,
     /// Bytes written to runs (after compression) and to OUT.
     pub bytes_written: u64,
 }
@@ -223,11 +230,27 @@ pub fn sort_chunk(chunk: &[u8], r: usize, k: usize, threads: usize) -> Vec<u32> 
     idx
 }
 
-/// A sorted run on disk: its file, and for a compressed run the stored
-/// length of each frame.
-struct Run {
-    path: PathBuf,
-    frames: Option<Vec<u32>>,
+/// A sorted run: on disk (its file, and for a compressed run the stored
+/// length of each frame), or the sort phase's last chunk kept in memory
+/// with its record order.
+enum Run {
+    File {
+        path: PathBuf,
+        frames: Option<Vec<u32>>,
+    },
+    Memory {
+        chunk: Block,
+        order: Vec<u32>,
+    },
+}
+
+impl Run {
+    fn path(&self) -> Option<&Path> {
+        match self {
+            Run::File { path, .. } => Some(path),
+            Run::Memory { .. } => None,
+        }
+    }
 }
 
 /// A writer of a sorted stream: plain records to OUT (`to_run` false) or
@@ -316,7 +339,11 @@ pub fn extsort(
     let start = Instant::now();
     let runs = sort_phase(input, options, plan, &mut outputs, progress)?;
     measured.sort_secs = start.elapsed().as_secs_f64();
-    measured.runs_written = runs.len() as u64;
+    measured.runs_in_memory = runs
+        .iter()
+        .filter(|r| matches!(r, Run::Memory { .. }))
+        .count() as u64;
+    measured.runs_written = runs.len() as u64 - measured.runs_in_memory;
     let start = Instant::now();
     if !runs.is_empty() {
         merge_phase(runs, options, plan, &mut outputs, progress)?;
@@ -328,7 +355,8 @@ pub fn extsort(
 }
 
 /// Reads `M`-byte chunks, sorts each, writes it as a run (or, if the input
-/// is one chunk, straight to OUT). Returns the runs.
+/// is one chunk, straight to OUT; or, if the plan says so, keeps the last
+/// one in memory). Returns the runs in input order.
 fn sort_phase(
     input: &Path,
     options: &ExtsortOptions,
@@ -337,7 +365,16 @@ fn sort_phase(
     progress: &dyn Fn(Phase, u64),
 ) -> Result<Vec<Run>> {
     let r = options.record_size;
-    let mut reader = BlockReader::spawn(input, 0, plan.input_bytes, plan.run_bytes as usize)?;
+    // The short chunk first: the last is whole, and reading the first
+    // (which nothing overlaps) takes less time.
+    let first = plan.input_bytes - (plan.runs - 1) * plan.run_bytes;
+    let mut reader = BlockReader::spawn_first(
+        input,
+        0,
+        plan.input_bytes,
+        first.max(1) as usize,
+        plan.run_bytes as usize,
+    )?;
     let one_run = plan.input_bytes <= plan.run_bytes;
     let mut runs = vec![];
     let block_records = (plan.sort_block_bytes as usize / r).max(1);
@@ -347,6 +384,12 @@ fn sort_phase(
     let mut scratch = vec![];
     while let Some(chunk) = reader.next_block()? {
         let order = sort_chunk(&chunk, r, options.key_size, options.threads);
+        let is_last = runs.len() as u64 + 1 == plan.runs;
+        if is_last && plan.last_run_in_memory {
+            progress(Phase::Sort, chunk.len() as u64);
+            runs.push(Run::Memory { chunk, order });
+            continue;
+        }
         let (file, path) = outputs.target(one_run)?;
         let block = block_records * r;
         let mut frames = compress.then(Vec::new);
@@ -375,9 +418,13 @@ fn sort_phase(
         progress(Phase::Sort, chunk.len() as u64);
         reader.recycle(chunk);
         if !one_run {
-            runs.push(Run { path, frames });
+            runs.push(Run::File { path, frames });
         }
     }
+    debug_assert!(
+        one_run || runs.len() as u64 == plan.runs,
+        "one run per chunk"
+    );
     Ok(runs)
 }
 
@@ -397,18 +444,27 @@ struct RunCursor {
 const PREFIX_BYTES: usize = 16;
 
 impl RunCursor {
-    fn open(run: &Run, plan: &Plan, key: usize) -> Result<Self> {
-        let path = &run.path;
-        let mut reader = match &run.frames {
-            Some(frames) => BlockReader::spawn_frames(
+    fn open(run: Run, plan: &Plan, key: usize) -> Result<Self> {
+        let record = plan.record_size as usize;
+        let mut reader = match run {
+            Run::File {
                 path,
-                plan.run_codec,
-                frames.clone(),
-                plan.frame_bytes as usize,
-            )?,
-            None => {
-                let len = std::fs::metadata(path).map_err(io_err(path))?.len();
-                BlockReader::spawn(path, 0, len, plan.merge_block_bytes as usize)?
+                frames: Some(frames),
+            } => {
+                BlockReader::spawn_frames(&path, plan.run_codec, frames, plan.frame_bytes as usize)?
+            }
+            Run::File { path, frames: None } => {
+                let len = std::fs::metadata(&path).map_err(io_err(&path))?.len();
+                BlockReader::spawn(&path, 0, len, plan.merge_block_bytes as usize)?
+            }
+            // Blocks the size a run on disk would hand out: what the
+            // plan holds for each run.
+            Run::Memory { chunk, order } => {
+                let block = match plan.run_codec {
+                    RunCodec::None => plan.merge_block_bytes,
+                    _ => plan.frame_bytes,
+                };
+                BlockReader::spawn_gather(chunk, order, record, block as usize)?
             }
         };
         let block = reader.next_block()?.unwrap_or_default();
@@ -416,7 +472,7 @@ impl RunCursor {
             reader,
             block,
             at: 0,
-            record: plan.record_size as usize,
+            record,
             key,
             prefix: 0,
         };
@@ -478,7 +534,13 @@ fn merge_phase(
         pass += 1;
         let last = runs.len() <= fan_in;
         let mut next = vec![];
-        for group in runs.chunks(fan_in) {
+        let mut left = runs.into_iter();
+        loop {
+            let group: Vec<Run> = left.by_ref().take(fan_in).collect();
+            if group.is_empty() {
+                break;
+            }
+            let merged: Vec<PathBuf> = group.iter().filter_map(Run::path).map(Into::into).collect();
             let (file, path) = outputs.target(last)?;
             let block = plan.merge_block_bytes as usize;
             let writer = stream_writer(file, &path, block, plan, !last, options.threads)?;
@@ -487,10 +549,10 @@ fn merge_phase(
             })?;
             outputs.bytes_written += done.bytes;
             let frames = done.frames;
-            for merged in group {
-                let _ = std::fs::remove_file(&merged.path);
+            for merged in merged {
+                let _ = std::fs::remove_file(merged);
             }
-            next.push(Run { path, frames });
+            next.push(Run::File { path, frames });
         }
         if last {
             return Ok(());
@@ -501,7 +563,7 @@ fn merge_phase(
 
 /// Merges `group` into `writer` through a loser tree.
 fn merge_group(
-    group: &[Run],
+    group: Vec<Run>,
     mut writer: BlockWriter,
     options: &ExtsortOptions,
     plan: &Plan,
@@ -509,7 +571,7 @@ fn merge_group(
 ) -> Result<Written> {
     let r = options.record_size;
     let cursors = group
-        .iter()
+        .into_iter()
         .map(|run| RunCursor::open(run, plan, options.key_size))
         .collect::<Result<Vec<_>>>()?;
     let mut tree = LoserTree::new(cursors);
