@@ -349,11 +349,9 @@ impl BlockReader {
         record: usize,
         block: usize,
     ) -> Result<Self> {
-        assert!(chunk.len().is_multiple_of(record), "whole records");
-        assert!(
-            order.iter().all(|&i| (i as usize) < chunk.len() / record),
-            "the order names records of the chunk"
-        );
+        // Whole records and indices in range are the gather kernel's
+        // checks; a failed one ends the thread in a panic, which
+        // `next_block` reports.
         let per_block = (block / record).max(1);
         let mut at = 0;
         Self::start(aligned_bytes(per_block * record), move |buffers| {
@@ -377,7 +375,12 @@ impl BlockReader {
     pub fn next_block(&mut self) -> Result<Option<Block>> {
         match self.blocks.as_ref().expect("open").recv() {
             Ok(b) => b.map(Some),
-            Err(_) => Ok(None),
+            // The thread ended: after its last block, or in a panic, which
+            // must not read as the end of the run.
+            Err(_) => match self.thread.take().map(JoinHandle::join) {
+                Some(Err(_)) => Err(ExtsortError::Invalid("a reader thread panicked".into())),
+                _ => Ok(None),
+            },
         }
     }
 
@@ -1172,5 +1175,15 @@ mod tests {
                 assert!(got == want, "{records} records, blocks of {block}");
             }
         }
+        // An order naming a record past the chunk is an error at the
+        // merge, not a run that ends early.
+        let chunk = Block {
+            buf: Some(AlignedBuf::new(aligned_bytes(20))),
+            start: 0,
+            end: 20,
+        };
+        let mut r = BlockReader::spawn_gather(chunk, vec![0, 5], record, 4096).unwrap();
+        let err = r.next_block().err().expect("an error, not the end");
+        assert!(err.to_string().contains("panicked"), "{err}");
     }
 }
