@@ -60,8 +60,11 @@ use crate::{ExtsortError, Result};
 /// Smallest block a merge reads from one run or writes at once
 /// (`merge_block_bytes_min`): below it requests stop being sequential.
 pub const MERGE_BLOCK_BYTES_MIN: u64 = 256 << 10;
-/// Largest block worth using (`merge_block_bytes_max`).
-pub const MERGE_BLOCK_BYTES_MAX: u64 = 8 << 20;
+/// Largest block worth using (`merge_block_bytes_max`). Larger requests
+/// read faster here: the 4.3 GB sort's merge (1 GiB budget, 10 runs) took
+/// 4.3-5.7 s in 26 MiB blocks against 5.8-6.3 s in 8 MiB ones, and `dd
+/// iflag=direct` reads 1.3-1.5 GB/s in 8 MiB requests, 2.7 GB/s in 256 MiB.
+pub const MERGE_BLOCK_BYTES_MAX: u64 = 32 << 20;
 /// Output block of the sort phase (`sort_block_bytes`).
 pub const SORT_BLOCK_BYTES: u64 = 4 << 20;
 /// Sort phase bytes of key and index per record held besides the record:
