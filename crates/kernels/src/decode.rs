@@ -8,6 +8,11 @@
 //!                         start[i] = index[code[i]].offset
 //!                 pass 2: copy bytes[start[i] ..] to out[offsets[i] ..],
 //!                         one 32-byte move per value of at most 32 bytes
+//!   small dictionaries of short strings (no nulls, at most 4096 values of
+//!   at most 32 bytes, 4+ rows per value):
+//!                 slot[code] = value padded to 32 bytes, len[code]
+//!                 pass 1: out offsets = prefix sum of len[code[i]]
+//!                 pass 2: move slot[code[i]] to out[offsets[i] ..]
 //!   to views:     table[code] = view(offset, len), once per dictionary
 //!                 out[i] = table[code[i]]           (a 16-byte gather)
 //! ```
@@ -421,7 +426,8 @@ fn decode_fixed(
 /// row's output offset before copying makes each copy one 32-byte move
 /// whose address does not wait on the previous row's length; one pass
 /// that did both took 8-16% longer (the two loops benchmarked alone, 256
-/// and 64Ki entries).
+/// and 64Ki entries). Small dictionaries of short values without nulls
+/// go through a table of 32-byte slots instead ([`copy_through_slots`]).
 fn decode_bytes<T: ByteArrayType>(
     values: &GenericByteArray<T>,
     codes: &[u32],
@@ -435,7 +441,15 @@ where
     let is_valid = |row: usize| nulls.as_ref().is_none_or(|n| n.is_valid(row));
     // Starts as u32 when they fit: half the scratch of u64.
     let starts_fit_u32 = u32::try_from(bytes.len()).is_ok();
+    let slots = match nulls {
+        None => slot_table(bytes, value_offsets, codes.len()),
+        Some(_) => None,
+    };
     let (out_offsets, out_bytes) = match (starts_fit_u32, &nulls) {
+        _ if slots.is_some() => {
+            let (slots, lens) = slots.expect("checked");
+            copy_through_slots::<T>(&slots, &lens, codes)?
+        }
         (true, None) => copy_in_two_passes::<T, u32>(bytes, value_offsets, codes, |_| true)?,
         (true, Some(_)) => copy_in_two_passes::<T, u32>(bytes, value_offsets, codes, is_valid)?,
         (false, _) => copy_in_two_passes::<T, u64>(bytes, value_offsets, codes, is_valid)?,
@@ -521,6 +535,140 @@ where
 /// Bytes copied per value in one move (instead of a variable-length
 /// memcpy call) when the value is at most this long.
 const SHORT_VALUE_BYTES: usize = 32;
+
+/// Largest dictionary decoded through a slot table
+/// (`slot_table_entries_max`): 4096 slots of 32 bytes stay in L2.
+const SLOT_TABLE_ENTRIES_MAX: usize = 4096;
+
+/// One dictionary value, zero-padded to a 32-byte move.
+#[derive(Clone, Copy)]
+#[repr(C, align(32))]
+struct Slot([u8; SHORT_VALUE_BYTES]);
+
+/// Each value of a small dictionary padded into a [`Slot`], and its
+/// length; `None` when a value is longer than a slot, or the dictionary
+/// too large for the table to pay for itself over `rows` rows (it costs
+/// about a row per entry).
+fn slot_table<O: ArrowNativeType>(
+    bytes: &[u8],
+    value_offsets: &[O],
+    rows: usize,
+) -> Option<(Vec<Slot>, Vec<u32>)> {
+    let entries = value_offsets.len().saturating_sub(1);
+    if entries == 0 || entries > SLOT_TABLE_ENTRIES_MAX || entries * 4 > rows {
+        return None;
+    }
+    let mut slots = Vec::with_capacity(entries);
+    let mut lens = Vec::with_capacity(entries);
+    for ends in value_offsets.windows(2) {
+        let value = &bytes[ends[0].as_usize()..ends[1].as_usize()];
+        if value.len() > SHORT_VALUE_BYTES {
+            return None;
+        }
+        let mut slot = Slot([0; SHORT_VALUE_BYTES]);
+        slot.0[..value.len()].copy_from_slice(value);
+        slots.push(slot);
+        lens.push(value.len() as u32);
+    }
+    Some((slots, lens))
+}
+
+/// String decode through a slot table: pass 1 sums the lengths into the
+/// output offsets, pass 2 moves each row's slot to its offset. Against the
+/// two passes over the dictionary's own offsets this keeps no start per
+/// row, reads one length instead of two offsets and moves every row
+/// without a branch: 100M rows from 256 entries of 1-32 bytes decoded in
+/// 0.102 s against 0.155 s (`sortbench --only-decode`, 64Ki-row batches).
+/// Precondition: every row is valid and its code indexes `slots`
+/// (checked by `codes_in_range`, which panics otherwise).
+fn copy_through_slots<T: ByteArrayType>(
+    slots: &[Slot],
+    lens: &[u32],
+    codes: &[u32],
+) -> Result<(Vec<T::Offset>, Vec<u8>), ArrowError>
+where
+    T::Offset: Pod,
+{
+    assert_eq!(slots.len(), lens.len(), "a length per slot");
+    debug_assert!(codes.iter().all(|&c| (c as usize) < slots.len()));
+    let n = codes.len();
+    let mut out_offsets: Vec<T::Offset> = take_vec(n + 1);
+    let offset_slots = &mut out_offsets.spare_capacity_mut()[..n + 1];
+    offset_slots[0].write(T::Offset::usize_as(0));
+    let mut total = 0usize;
+    for (&code, offset_slot) in codes.iter().zip(&mut offset_slots[1..]) {
+        // SAFETY: the caller checked every code against the dictionary.
+        total += unsafe { *lens.get_unchecked(code as usize) } as usize;
+        offset_slot.write(T::Offset::usize_as(total));
+    }
+    // SAFETY: the loop wrote all n + 1 offsets.
+    unsafe { out_offsets.set_len(n + 1) };
+    if T::Offset::from_usize(total).is_none() {
+        recycle(out_offsets);
+        return Err(ArrowError::InvalidArgumentError(format!(
+            "decoded values reach {total} bytes, past what {} offsets hold",
+            T::DATA_TYPE
+        )));
+    }
+    let mut out: Vec<u8> = take_vec(total + SHORT_VALUE_BYTES);
+    // SAFETY: codes index `slots`; the offsets are the running sum of the
+    // slots' lengths up to `total`, and `out` has room for `total + 32`.
+    unsafe { copy_slots(slots, codes, &out_offsets, out.as_mut_ptr()) };
+    // SAFETY: bytes [0, total) were all written by `copy_slots`.
+    unsafe { out.set_len(total) };
+    Ok((out_offsets, out))
+}
+
+/// Moves row `i`'s whole slot to `dst + offsets[i]`, in row order: the
+/// padding past the value lands where the next row's value goes.
+///
+/// # Safety
+/// Every code indexes `slots`; `offsets.len() == codes.len() + 1`,
+/// monotonic; `dst` writable for `offsets[last] + 32` bytes.
+unsafe fn copy_slots<O: ArrowNativeType>(
+    slots: &[Slot],
+    codes: &[u32],
+    offsets: &[O],
+    dst: *mut u8,
+) {
+    #[cfg(target_arch = "x86_64")]
+    if std::is_x86_feature_detected!("avx2") {
+        return copy_slots_avx2(slots, codes, offsets, dst);
+    }
+    copy_slots_inline(slots, codes, offsets, dst)
+}
+
+/// [`copy_slots`] compiled for AVX2: one 32-byte load and store a row.
+///
+/// # Safety
+/// As for [`copy_slots`], and AVX2 available.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn copy_slots_avx2<O: ArrowNativeType>(
+    slots: &[Slot],
+    codes: &[u32],
+    offsets: &[O],
+    dst: *mut u8,
+) {
+    copy_slots_inline(slots, codes, offsets, dst)
+}
+
+/// # Safety
+/// As for [`copy_slots`].
+#[inline(always)]
+unsafe fn copy_slots_inline<O: ArrowNativeType>(
+    slots: &[Slot],
+    codes: &[u32],
+    offsets: &[O],
+    dst: *mut u8,
+) {
+    debug_assert_eq!(offsets.len(), codes.len() + 1);
+    for (row, &code) in codes.iter().enumerate() {
+        let slot = slots.get_unchecked(code as usize).0;
+        let at = offsets.get_unchecked(row).as_usize();
+        (dst.add(at) as *mut [u8; SHORT_VALUE_BYTES]).write_unaligned(slot);
+    }
+}
 
 /// Copies row `i`'s value (`bytes[starts[i]..]`, as long as its output
 /// offsets say) to `dst + offsets[i]`, in row order: a 32-byte move may
@@ -800,6 +948,33 @@ mod tests {
             };
             assert_eq!(&out[a..b], want.as_bytes(), "row {row}");
         }
+    }
+
+    /// The slot table is built only where it pays and fits: small
+    /// dictionaries, values of at most 32 bytes, four rows per entry.
+    #[test]
+    fn slot_table_only_for_small_dictionaries_of_short_values() {
+        let short = StringArray::from_iter_values((0..256).map(|i| "s".repeat(i % 33)));
+        let (bytes, offsets) = (short.value_data(), short.value_offsets());
+        let (slots, lens) = slot_table(bytes, offsets, 1024).expect("256 short values");
+        assert_eq!(slots.len(), 256);
+        for (i, (slot, &len)) in slots.iter().zip(&lens).enumerate() {
+            assert_eq!(len as usize, i % 33);
+            assert_eq!(&slot.0[..len as usize], short.value(i).as_bytes());
+            assert!(slot.0[len as usize..].iter().all(|&b| b == 0), "padding");
+        }
+        assert!(slot_table(bytes, offsets, 1023).is_none(), "too few rows");
+        let long = StringArray::from(
+            vec!["a"; 100]
+                .into_iter()
+                .chain(["x".repeat(33).as_str()])
+                .collect::<Vec<_>>(),
+        );
+        assert!(slot_table(long.value_data(), long.value_offsets(), 1 << 20).is_none());
+        let many = StringArray::from_iter_values((0..4097).map(|i| i.to_string()));
+        assert!(slot_table(many.value_data(), many.value_offsets(), 1 << 20).is_none());
+        let empty = StringArray::from(Vec::<&str>::new());
+        assert!(slot_table(empty.value_data(), empty.value_offsets(), 1 << 20).is_none());
     }
 
     #[test]

@@ -758,6 +758,53 @@ fn string_decode_matches_cast_on_large_dictionaries() {
     }
 }
 
+/// Small dictionaries of short values without nulls decode through a
+/// table of 32-byte slots: every size, 1 to 4097 entries (past the
+/// table's 4096), values up to 31, 32 and 33 bytes (past a slot), all
+/// three byte array types, keys sliced and with nulls (the other paths).
+#[test]
+fn string_decode_through_slots_matches_cast() {
+    let mut rng = StdRng::seed_from_u64(48);
+    for entries in [1usize, 2, 7, 49, 50, 51, 256, 4096, 4097] {
+        for longest in [0usize, 1, 31, 32, 33] {
+            let words: Vec<String> = (0..entries)
+                .map(|_| {
+                    let len = rng.random_range(0..=longest);
+                    (0..len)
+                        .map(|_| rng.random_range(b'a'..=b'z') as char)
+                        .collect()
+                })
+                .collect();
+            let values: Vec<ArrayRef> = vec![
+                Arc::new(StringArray::from_iter_values(&words)),
+                Arc::new(LargeStringArray::from_iter_values(&words)),
+                Arc::new(BinaryArray::from_iter_values(&words)),
+            ];
+            for n in SIZES.into_iter().chain([4 * entries, 4 * entries - 1]) {
+                let codes: Vec<i32> = (0..n + 2)
+                    .map(|_| rng.random_range(0..entries as i32))
+                    .collect();
+                let plain = Int32Array::from(codes.clone());
+                let nullable =
+                    Int32Array::from_iter(codes.iter().map(|&c| rng.random_bool(0.9).then_some(c)));
+                for v in &values {
+                    for keys in [&plain, &nullable] {
+                        let dict = DictionaryArray::new(keys.clone(), Arc::clone(v)).slice(2, n);
+                        let got = dictionary_decode(&dict).unwrap();
+                        let want = arrow::compute::cast(&dict, v.data_type()).unwrap();
+                        assert_eq!(
+                            got.to_data(),
+                            want.to_data(),
+                            "{entries} entries up to {longest} bytes, {n} rows, {}",
+                            v.data_type()
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
+
 /// A dictionary's values in every byte layout `dictionary_decode_to_views`
 /// takes, from one list (sliced once so offsets do not start at zero).
 fn byte_value_arrays(values: &[Option<Vec<u8>>]) -> Vec<ArrayRef> {
