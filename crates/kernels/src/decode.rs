@@ -514,12 +514,9 @@ where
         out_offsets.set_len(n + 1);
         starts.set_len(n);
     }
-    if T::Offset::from_usize(total).is_none() {
+    if let Err(e) = offsets_hold::<T>(total) {
         recycle(starts);
-        return Err(ArrowError::InvalidArgumentError(format!(
-            "decoded values reach {total} bytes, past what {} offsets hold",
-            T::DATA_TYPE
-        )));
+        return Err(e);
     }
     let mut out: Vec<u8> = take_vec(total + SHORT_VALUE_BYTES);
     // SAFETY: each start and length come from a valid byte array's
@@ -530,6 +527,17 @@ where
     // SAFETY: bytes [0, total) were all written by `copy_rows`.
     unsafe { out.set_len(total) };
     Ok((out_offsets, out))
+}
+
+/// Whether `T`'s offsets can address `total` bytes of decoded values.
+fn offsets_hold<T: ByteArrayType>(total: usize) -> Result<(), ArrowError> {
+    match T::Offset::from_usize(total) {
+        Some(_) => Ok(()),
+        None => Err(ArrowError::InvalidArgumentError(format!(
+            "decoded values reach {total} bytes, past what {} offsets hold",
+            T::DATA_TYPE
+        ))),
+    }
 }
 
 /// Bytes copied per value in one move (instead of a variable-length
@@ -603,12 +611,9 @@ where
     }
     // SAFETY: the loop wrote all n + 1 offsets.
     unsafe { out_offsets.set_len(n + 1) };
-    if T::Offset::from_usize(total).is_none() {
+    if let Err(e) = offsets_hold::<T>(total) {
         recycle(out_offsets);
-        return Err(ArrowError::InvalidArgumentError(format!(
-            "decoded values reach {total} bytes, past what {} offsets hold",
-            T::DATA_TYPE
-        )));
+        return Err(e);
     }
     let mut out: Vec<u8> = take_vec(total + SHORT_VALUE_BYTES);
     // SAFETY: codes index `slots`; the offsets are the running sum of the
@@ -620,7 +625,8 @@ where
 }
 
 /// Moves row `i`'s whole slot to `dst + offsets[i]`, in row order: the
-/// padding past the value lands where the next row's value goes.
+/// padding past the value lands where the next row's value goes. One
+/// 32-byte load and store a row with AVX2 ([`with_avx2`]).
 ///
 /// # Safety
 /// Every code indexes `slots`; `offsets.len() == codes.len() + 1`,
@@ -631,26 +637,7 @@ unsafe fn copy_slots<O: ArrowNativeType>(
     offsets: &[O],
     dst: *mut u8,
 ) {
-    #[cfg(target_arch = "x86_64")]
-    if std::is_x86_feature_detected!("avx2") {
-        return copy_slots_avx2(slots, codes, offsets, dst);
-    }
-    copy_slots_inline(slots, codes, offsets, dst)
-}
-
-/// [`copy_slots`] compiled for AVX2: one 32-byte load and store a row.
-///
-/// # Safety
-/// As for [`copy_slots`], and AVX2 available.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
-unsafe fn copy_slots_avx2<O: ArrowNativeType>(
-    slots: &[Slot],
-    codes: &[u32],
-    offsets: &[O],
-    dst: *mut u8,
-) {
-    copy_slots_inline(slots, codes, offsets, dst)
+    with_avx2(|| copy_slots_inline(slots, codes, offsets, dst))
 }
 
 /// # Safety
@@ -686,26 +673,29 @@ unsafe fn copy_rows<O: ArrowNativeType, S: ArrowNativeType>(
     offsets: &[O],
     dst: *mut u8,
 ) {
-    #[cfg(target_arch = "x86_64")]
-    if std::is_x86_feature_detected!("avx2") {
-        return copy_rows_avx2(bytes, starts, offsets, dst);
-    }
-    copy_rows_inline(bytes, starts, offsets, dst)
+    with_avx2(|| copy_rows_inline(bytes, starts, offsets, dst))
 }
 
-/// [`copy_rows`] compiled for AVX2.
+/// Runs `copy` compiled for AVX2 where the CPU has it (a 32-byte move is
+/// then one instruction), else as it is. `copy` must inline into it.
 ///
 /// # Safety
-/// As for [`copy_rows`], and AVX2 available.
+/// `copy`'s own preconditions.
+#[inline(always)]
+unsafe fn with_avx2(copy: impl FnOnce()) {
+    #[cfg(target_arch = "x86_64")]
+    if std::is_x86_feature_detected!("avx2") {
+        return avx2(copy);
+    }
+    copy()
+}
+
+/// # Safety
+/// AVX2 available.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
-unsafe fn copy_rows_avx2<O: ArrowNativeType, S: ArrowNativeType>(
-    bytes: &[u8],
-    starts: &[S],
-    offsets: &[O],
-    dst: *mut u8,
-) {
-    copy_rows_inline(bytes, starts, offsets, dst)
+unsafe fn avx2(copy: impl FnOnce()) {
+    copy()
 }
 
 /// # Safety
