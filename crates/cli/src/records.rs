@@ -68,6 +68,12 @@ pub struct ExtsortArgs {
     /// phase times) and stop without sorting.
     #[arg(long)]
     pub explain: bool,
+    /// Measure the storage's read and write rates even if a sort measured
+    /// them on the same device within the last hour
+    /// (storage_rates_age_max); they are cached in
+    /// $XDG_CACHE_HOME/insitu/storage-rates (default ~/.cache/insitu).
+    #[arg(long)]
+    pub reprobe: bool,
 }
 
 fn bar(total: u64, unit: &str, what: &str) -> ProgressBar {
@@ -123,6 +129,15 @@ pub fn valsort(a: ValsortArgs) -> Result<(), String> {
     }
 }
 
+/// `secs` as the largest whole unit: "42 s", "3 min", "1 h".
+fn human_secs(secs: u64) -> String {
+    match secs {
+        0..60 => format!("{secs} s"),
+        60..3600 => format!("{} min", secs / 60),
+        _ => format!("{} h", secs / 3600),
+    }
+}
+
 fn print_plan(p: &Plan) {
     let mb = |bps: f64| format!("{:.0} MB/s", bps / 1e6);
     let sort_at_m = p.rates.sort(p.run_bytes, p.record_size);
@@ -133,8 +148,15 @@ fn print_plan(p: &Plan) {
         p.record_size,
         human_bytes(p.mem_bytes)
     );
+    let storage = match p.storage_rates_age {
+        None => "probed now".to_string(),
+        Some(age) => format!(
+            "probed {} ago, cached; --reprobe measures again",
+            human_secs(age.as_secs())
+        ),
+    };
     println!(
-        "measured: read {}, write {}, in-memory sort {} ({} sample; {} at M), 2-way merge {} ({} at l)",
+        "measured: read {}, write {} ({storage}), in-memory sort {} ({} sample; {} at M), 2-way merge {} ({} at l)",
         mb(p.rates.read),
         mb(p.rates.write),
         mb(p.rates.sort),
@@ -200,6 +222,8 @@ pub fn extsort(a: ExtsortArgs) -> Result<(), String> {
         tmp_dir: a.tmp.clone(),
         threads: a.threads.max(1),
         run_codec: a.run_codec,
+        storage_rates_cache: insitu_extsort::probe::default_cache_path(),
+        reprobe: a.reprobe,
     };
     return_freed_buffers();
     let started = Instant::now();

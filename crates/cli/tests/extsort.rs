@@ -6,7 +6,7 @@ mod common;
 
 use std::path::{Path, PathBuf};
 
-use common::insitu;
+use common::{insitu, insitu_with_env};
 
 fn arg(p: &Path) -> &str {
     p.to_str().expect("utf-8 path")
@@ -450,4 +450,43 @@ fn explain_plans_without_sorting() {
     );
     assert!(o.contains("measured: read"), "{o}");
     assert!(!out.exists());
+}
+
+#[test]
+fn storage_rates_are_reused_until_reprobe() {
+    let dir = tempfile::tempdir().unwrap();
+    let input = dir.path().join("in");
+    gensort(20_000, &input, &[]);
+    let out = dir.path().join("out");
+    let cache = dir.path().join("cache");
+    let explain = |extra: &[&str]| {
+        let mut args = vec![
+            "extsort",
+            arg(&input),
+            arg(&out),
+            "--mem",
+            "2MiB",
+            "--explain",
+        ];
+        args.extend_from_slice(extra);
+        let (ok, o, err) = insitu_with_env(&args, &[("XDG_CACHE_HOME", &cache)]);
+        assert!(ok, "{err}");
+        o.lines()
+            .find(|l| l.starts_with("measured: read"))
+            .unwrap_or_else(|| panic!("no rates in {o}"))
+            .to_string()
+    };
+    let first = explain(&[]);
+    assert!(first.contains("(probed now)"), "{first}");
+    let cached = cache.join("insitu").join("storage-rates");
+    assert!(cached.is_file(), "no cache at {}", cached.display());
+    let second = explain(&[]);
+    assert!(
+        second.contains("cached; --reprobe measures again"),
+        "{second}"
+    );
+    let rates = |l: &str| l.split(" (").next().unwrap().to_string();
+    assert_eq!(rates(&first), rates(&second));
+    let third = explain(&["--reprobe"]);
+    assert!(third.contains("(probed now)"), "{third}");
 }

@@ -5,6 +5,7 @@
 //! |---|---|
 //! | [`record`] | `gensort` (TeraSort records, binary or ASCII, skewed keys) and `valsort` (order, duplicates, CRC32-sum checksum) |
 //! | [`model`] | paper 001's model: run size M, fan-in l, predicted phase times |
+//! | [`probe`] | the storage's read and write rates: measured, or reused from a cache per device |
 //! | [`loser`] | the loser tree behind every k-way merge |
 //! | [`sort`] | the two-phase sort: radix-sorted runs, then loser-tree merge passes, with reader and writer threads overlapping I/O |
 //! | [`codec`] | compressed runs: frames of records, LZ4 or Snappy, and the codecs' measured rates |
@@ -12,13 +13,15 @@
 //!
 //! Limits: `mem_bytes_max` (the `--mem` budget for buffers),
 //! `merge_block_bytes_min` ([`model::MERGE_BLOCK_BYTES_MIN`]),
-//! `probe_bytes` ([`sort::PROBE_BYTES_MAX`]).
+//! `probe_bytes` ([`sort::PROBE_BYTES_MAX`]), `storage_rates_age_max`
+//! ([`probe::STORAGE_RATES_AGE_MAX`]).
 
 pub mod codec;
 pub mod heap;
 pub mod io;
 pub mod loser;
 pub mod model;
+pub mod probe;
 pub mod record;
 pub mod sort;
 

@@ -146,6 +146,9 @@ pub struct Plan {
     pub rates: Rates,
     pub predicted_sort_secs: f64,
     pub predicted_merge_secs: f64,
+    /// How long ago the storage rates in `rates` were measured, when they
+    /// came from the cache ([`crate::probe`]); `None`: measured for this plan.
+    pub storage_rates_age: Option<std::time::Duration>,
 }
 
 impl Plan {
@@ -473,6 +476,7 @@ fn plan_format(
         rates,
         predicted_sort_secs: best.sort_secs,
         predicted_merge_secs: best.merge_secs,
+        storage_rates_age: None,
     }))
 }
 

@@ -34,11 +34,10 @@ use crate::codec::{
     compress_frames_from, measure_codec, stored_bytes_max, CodecChoice, FrameShape, FrameSource,
     RunCodec,
 };
-use crate::io::{
-    io_err, measure_bandwidth, AtomicFile, Block, BlockReader, BlockWriter, RunDir, Written,
-};
+use crate::io::{io_err, AtomicFile, Block, BlockReader, BlockWriter, RunDir, Written};
 use crate::loser::{LoserTree, MergeCursor};
 use crate::model::{plan, Plan, Rates, FRAME_BYTES_MAX};
+use crate::probe::storage_rates;
 use crate::record::{check_shape, check_whole_records};
 use crate::{ExtsortError, Result};
 
@@ -61,6 +60,11 @@ pub struct ExtsortOptions {
     pub threads: usize,
     /// How runs may be stored (`--run-codec`).
     pub run_codec: CodecChoice,
+    /// Where storage rates are cached ([`crate::probe`]); `None`: always
+    /// measure.
+    pub storage_rates_cache: Option<PathBuf>,
+    /// Measure the storage even if its rates are cached (`--reprobe`).
+    pub reprobe: bool,
 }
 
 /// Which phase a progress report is about.
@@ -92,11 +96,13 @@ pub fn plan_sort(input: &Path, output: &Path, options: &ExtsortOptions) -> Resul
     let tmp = tmp_dir(output, options);
     std::fs::create_dir_all(&tmp).map_err(io_err(&tmp))?;
     let probe = len.clamp(16 << 20, PROBE_BYTES_MAX);
-    let (read, write) = measure_bandwidth(&tmp, probe)?;
+    let cache = options.storage_rates_cache.as_deref();
+    let storage = storage_rates(&tmp, probe, cache, options.reprobe)?;
+    let (read, write) = (storage.read, storage.write);
     let sample = (options.mem_bytes / 4).min(8 << 20);
     let (sort, merge2) = measure_cpu(options, sample);
     let (lz4, snappy) = measure_codecs(input, len, options)?;
-    plan(
+    let mut plan = plan(
         len,
         options.record_size as u64,
         options.mem_bytes,
@@ -111,7 +117,9 @@ pub fn plan_sort(input: &Path, output: &Path, options: &ExtsortOptions) -> Resul
             snappy,
         },
         options.run_codec,
-    )
+    )?;
+    plan.storage_rates_age = storage.cached_age;
+    Ok(plan)
 }
 
 /// Bytes of the input the codecs are measured on (`codec_sample_bytes`).

@@ -292,8 +292,14 @@ pub async fn check_all(host: &InsituHost, dir: &str) -> Vec<String> {
 
 /// Runs the `insitu` binary; returns (success, stdout, stderr).
 pub fn insitu(args: &[&str]) -> (bool, String, String) {
+    insitu_with_env(args, &[])
+}
+
+/// As [`insitu`], with `env` added to the environment.
+pub fn insitu_with_env(args: &[&str], env: &[(&str, &Path)]) -> (bool, String, String) {
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_insitu"))
         .args(args)
+        .envs(env.iter().copied())
         .output()
         .expect("run insitu");
     (

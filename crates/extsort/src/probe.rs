@@ -1,0 +1,266 @@
+//! The storage's read and write rates for the model: measured by a probe
+//! of the run directory, or reused from an earlier sort on the same
+//! device.
+//!
+//! ```text
+//!  run dir ──st_dev──▶ cache line "dev read write at" younger than
+//!                      storage_rates_age_max? ──yes──▶ reuse
+//!                                  │ no (or --reprobe)
+//!                                  ▼
+//!                      probe (write, fsync, read probe_bytes) ──▶ rewrite
+//!                      the cache: temp file, fsync, rename
+//! ```
+//!
+//! The probe writes and reads up to 128 MiB, a tenth to a fifth of a
+//! second per sort here; the rates only steer the plan (run size, fan-in,
+//! codec), never the result, so a rate an hour old is as good a guide as a
+//! fresh one on a disk whose rates swing between runs anyway. A cache that
+//! cannot be read or written is ignored (and the rates measured).
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use crate::io::{io_err, measure_bandwidth, AtomicFile};
+use crate::Result;
+
+/// Oldest cached rates a sort reuses (`storage_rates_age_max`).
+pub const STORAGE_RATES_AGE_MAX: Duration = Duration::from_secs(3600);
+
+/// Devices the cache remembers at most; the oldest entries go first.
+const CACHED_DEVICES_MAX: usize = 64;
+
+/// Read and write rates of one device, in bytes per second.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct StorageRates {
+    pub read: f64,
+    pub write: f64,
+    /// How long ago the cached rates were measured; `None` if just now.
+    pub cached_age: Option<Duration>,
+}
+
+/// Where the rates are cached by default: `$XDG_CACHE_HOME/insitu`, else
+/// `~/.cache/insitu`; `None` without either.
+pub fn default_cache_path() -> Option<PathBuf> {
+    let base = std::env::var_os("XDG_CACHE_HOME")
+        .map(PathBuf::from)
+        .filter(|p| p.is_absolute())
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))?;
+    Some(base.join("insitu").join("storage-rates"))
+}
+
+/// The rates of the storage under `dir`: cached in `cache` if measured on
+/// the same device within [`STORAGE_RATES_AGE_MAX`] and `reprobe` is
+/// false; else measured with `probe_bytes` (and cached).
+pub fn storage_rates(
+    dir: &Path,
+    probe_bytes: u64,
+    cache: Option<&Path>,
+    reprobe: bool,
+) -> Result<StorageRates> {
+    let device = device_of(dir)?;
+    let now = SystemTime::now();
+    if let (Some(cache), false) = (cache, reprobe) {
+        if let Some(found) = read_cache(cache, device, now) {
+            return Ok(found);
+        }
+    }
+    let (read, write) = measure_bandwidth(dir, probe_bytes)?;
+    if let Some(cache) = cache {
+        if let Err(e) = write_cache(cache, device, (read, write), now) {
+            tracing::warn!(cache = %cache.display(), error = %e, "cannot cache the storage rates");
+        }
+    }
+    Ok(StorageRates {
+        read,
+        write,
+        cached_age: None,
+    })
+}
+
+fn device_of(dir: &Path) -> Result<u64> {
+    use std::os::unix::fs::MetadataExt;
+    Ok(std::fs::metadata(dir).map_err(io_err(dir))?.dev())
+}
+
+/// One cache line: device, read and write rates, when measured.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Entry {
+    device: u64,
+    read: f64,
+    write: f64,
+    at_unix_secs: u64,
+}
+
+impl Entry {
+    fn parse(line: &str) -> Option<Self> {
+        let mut fields = line.split_ascii_whitespace();
+        let entry = Entry {
+            device: fields.next()?.parse().ok()?,
+            read: fields.next()?.parse().ok()?,
+            write: fields.next()?.parse().ok()?,
+            at_unix_secs: fields.next()?.parse().ok()?,
+        };
+        let rate_ok = |r: f64| r.is_finite() && r > 0.0;
+        (fields.next().is_none() && rate_ok(entry.read) && rate_ok(entry.write)).then_some(entry)
+    }
+
+    fn line(&self) -> String {
+        format!(
+            "{} {:.0} {:.0} {}\n",
+            self.device, self.read, self.write, self.at_unix_secs
+        )
+    }
+
+    /// Its age at `now`; `None` if it claims to be from the future.
+    fn age(&self, now: SystemTime) -> Option<Duration> {
+        let at = UNIX_EPOCH + Duration::from_secs(self.at_unix_secs);
+        now.duration_since(at).ok()
+    }
+}
+
+/// The cache's well-formed lines; none if it is missing or unreadable.
+fn read_entries(cache: &Path) -> Vec<Entry> {
+    match std::fs::read_to_string(cache) {
+        Ok(text) => text.lines().filter_map(Entry::parse).collect(),
+        Err(_) => vec![],
+    }
+}
+
+fn read_cache(cache: &Path, device: u64, now: SystemTime) -> Option<StorageRates> {
+    let entry = read_entries(cache)
+        .into_iter()
+        .rev()
+        .find(|e| e.device == device)?;
+    let age = entry.age(now).filter(|a| *a <= STORAGE_RATES_AGE_MAX)?;
+    Some(StorageRates {
+        read: entry.read,
+        write: entry.write,
+        cached_age: Some(age),
+    })
+}
+
+/// Replaces `device`'s line, keeping the other devices' fresh ones.
+fn write_cache(
+    cache: &Path,
+    device: u64,
+    (read, write): (f64, f64),
+    now: SystemTime,
+) -> Result<()> {
+    let fresh = |e: &Entry| e.age(now).is_some_and(|a| a <= STORAGE_RATES_AGE_MAX);
+    let mut entries: Vec<Entry> = read_entries(cache)
+        .into_iter()
+        .filter(|e| e.device != device && fresh(e))
+        .collect();
+    let at_unix_secs = now.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
+    entries.push(Entry {
+        device,
+        read,
+        write,
+        at_unix_secs,
+    });
+    let skip = entries.len().saturating_sub(CACHED_DEVICES_MAX);
+    let text: String = entries[skip..].iter().map(Entry::line).collect();
+    if let Some(dir) = cache.parent() {
+        std::fs::create_dir_all(dir).map_err(io_err(dir))?;
+    }
+    let mut file = AtomicFile::create(cache)?;
+    file.write_all(text.as_bytes())?;
+    file.commit()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn measured(dir: &Path, cache: &Path, reprobe: bool) -> StorageRates {
+        storage_rates(dir, 4 << 20, Some(cache), reprobe).unwrap()
+    }
+
+    #[test]
+    fn rates_are_reused_on_the_same_device_until_reprobed() {
+        let dir = tempfile::tempdir().unwrap();
+        let cache = dir.path().join("cache").join("storage-rates");
+        let first = measured(dir.path(), &cache, false);
+        assert_eq!(first.cached_age, None);
+        assert!(first.read > 0.0 && first.write > 0.0);
+        let again = measured(dir.path(), &cache, false);
+        assert_eq!(
+            (again.read, again.write),
+            (first.read.round(), first.write.round())
+        );
+        assert!(again.cached_age.is_some());
+        // The probe's rates never repeat to the byte per second: a second
+        // measurement would show.
+        let text = std::fs::read_to_string(&cache).unwrap();
+        assert_eq!(text.lines().count(), 1, "{text}");
+        let reprobed = measured(dir.path(), &cache, true);
+        assert_eq!(reprobed.cached_age, None);
+        let leftovers: Vec<_> = std::fs::read_dir(cache.parent().unwrap())
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(leftovers, vec![std::ffi::OsString::from("storage-rates")]);
+    }
+
+    #[test]
+    fn stale_future_malformed_and_foreign_lines_are_not_reused() {
+        let dir = tempfile::tempdir().unwrap();
+        let cache = dir.path().join("storage-rates");
+        let device = device_of(dir.path()).unwrap();
+        let now = SystemTime::now();
+        let secs = now.duration_since(UNIX_EPOCH).unwrap().as_secs();
+        let old = secs - STORAGE_RATES_AGE_MAX.as_secs() - 1;
+        let lines = [
+            format!("{device} 1000 2000 {old}"),
+            format!("{device} 1000 2000 {}", secs + 3600),
+            format!("{device} NaN 2000 {secs}"),
+            format!("{device} 0 2000 {secs}"),
+            format!("{device} 1000 2000"),
+            format!("{device} 1000 2000 {secs} extra"),
+            format!("{} 1000 2000 {secs}", device.wrapping_add(1)),
+            "garbage".to_string(),
+        ];
+        for line in &lines {
+            std::fs::write(&cache, format!("{line}\n")).unwrap();
+            assert_eq!(read_cache(&cache, device, now), None, "{line}");
+        }
+        let fresh = format!("{device} 1000 2000 {}\n", secs - 60);
+        std::fs::write(&cache, format!("garbage\n{fresh}")).unwrap();
+        let found = read_cache(&cache, device, now).unwrap();
+        assert_eq!((found.read, found.write), (1000.0, 2000.0));
+        assert!(
+            found.cached_age >= Some(Duration::from_secs(60)),
+            "{found:?}"
+        );
+    }
+
+    #[test]
+    fn rewriting_keeps_other_devices_and_drops_stale_lines() {
+        let dir = tempfile::tempdir().unwrap();
+        let cache = dir.path().join("storage-rates");
+        let now = SystemTime::now();
+        let secs = now.duration_since(UNIX_EPOCH).unwrap().as_secs();
+        let stale = secs - STORAGE_RATES_AGE_MAX.as_secs() - 1;
+        std::fs::write(
+            &cache,
+            format!("7 1 2 {secs}\n8 1 2 {stale}\n9 5 6 {secs}\n"),
+        )
+        .unwrap();
+        write_cache(&cache, 9, (3e9, 4e9), now).unwrap();
+        let entries = read_entries(&cache);
+        let devices: Vec<u64> = entries.iter().map(|e| e.device).collect();
+        assert_eq!(devices, vec![7, 9]);
+        assert_eq!((entries[1].read, entries[1].write), (3e9, 4e9));
+    }
+
+    #[test]
+    fn a_cache_that_cannot_be_written_does_not_stop_the_sort() {
+        let dir = tempfile::tempdir().unwrap();
+        // A cache path under a regular file: no directory can be made.
+        let blocker = dir.path().join("file");
+        std::fs::write(&blocker, b"x").unwrap();
+        let cache = blocker.join("storage-rates");
+        let rates = measured(dir.path(), &cache, false);
+        assert_eq!(rates.cached_age, None);
+    }
+}
