@@ -3,8 +3,9 @@
 //! device.
 //!
 //! ```text
-//!  run dir ──st_dev──▶ cache line "dev read write at" younger than
-//!                      storage_rates_age_max? ──yes──▶ reuse
+//!  run dir ──st_dev──▶ cache line "dev read write at probe_bytes" younger
+//!                      than storage_rates_age_max, from a probe at least
+//!                      this sort's size? ──yes──▶ reuse
 //!                                  │ no (or --reprobe)
 //!                                  ▼
 //!                      probe (write, fsync, read probe_bytes) ──▶ rewrite
@@ -49,8 +50,10 @@ pub fn default_cache_path() -> Option<PathBuf> {
 }
 
 /// The rates of the storage under `dir`: cached in `cache` if measured on
-/// the same device within [`STORAGE_RATES_AGE_MAX`] and `reprobe` is
-/// false; else measured with `probe_bytes` (and cached).
+/// the same device within [`STORAGE_RATES_AGE_MAX`] with a probe of at
+/// least `probe_bytes` (a small sort's small probe does not stand for a
+/// large one's) and `reprobe` is false; else measured with `probe_bytes`
+/// (and cached).
 pub fn storage_rates(
     dir: &Path,
     probe_bytes: u64,
@@ -60,13 +63,20 @@ pub fn storage_rates(
     let device = device_of(dir)?;
     let now = SystemTime::now();
     if let (Some(cache), false) = (cache, reprobe) {
-        if let Some(found) = read_cache(cache, device, now) {
+        if let Some(found) = read_cache(cache, device, probe_bytes, now) {
             return Ok(found);
         }
     }
     let (read, write) = measure_bandwidth(dir, probe_bytes)?;
     if let Some(cache) = cache {
-        if let Err(e) = write_cache(cache, device, (read, write), now) {
+        let entry = Entry {
+            device,
+            read,
+            write,
+            at_unix_secs: now.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs()),
+            probe_bytes,
+        };
+        if let Err(e) = write_cache(cache, entry, now) {
             tracing::warn!(cache = %cache.display(), error = %e, "cannot cache the storage rates");
         }
     }
@@ -82,13 +92,15 @@ fn device_of(dir: &Path) -> Result<u64> {
     Ok(std::fs::metadata(dir).map_err(io_err(dir))?.dev())
 }
 
-/// One cache line: device, read and write rates, when measured.
+/// One cache line: device, read and write rates, when measured, and
+/// with how many bytes.
 #[derive(Debug, Clone, Copy, PartialEq)]
 struct Entry {
     device: u64,
     read: f64,
     write: f64,
     at_unix_secs: u64,
+    probe_bytes: u64,
 }
 
 impl Entry {
@@ -99,6 +111,7 @@ impl Entry {
             read: fields.next()?.parse().ok()?,
             write: fields.next()?.parse().ok()?,
             at_unix_secs: fields.next()?.parse().ok()?,
+            probe_bytes: fields.next()?.parse().ok()?,
         };
         let rate_ok = |r: f64| r.is_finite() && r > 0.0;
         (fields.next().is_none() && rate_ok(entry.read) && rate_ok(entry.write)).then_some(entry)
@@ -106,8 +119,8 @@ impl Entry {
 
     fn line(&self) -> String {
         format!(
-            "{} {:.0} {:.0} {}\n",
-            self.device, self.read, self.write, self.at_unix_secs
+            "{} {:.0} {:.0} {} {}\n",
+            self.device, self.read, self.write, self.at_unix_secs, self.probe_bytes
         )
     }
 
@@ -126,11 +139,16 @@ fn read_entries(cache: &Path) -> Vec<Entry> {
     }
 }
 
-fn read_cache(cache: &Path, device: u64, now: SystemTime) -> Option<StorageRates> {
+fn read_cache(
+    cache: &Path,
+    device: u64,
+    probe_bytes: u64,
+    now: SystemTime,
+) -> Option<StorageRates> {
     let entry = read_entries(cache)
         .into_iter()
         .rev()
-        .find(|e| e.device == device)?;
+        .find(|e| e.device == device && e.probe_bytes >= probe_bytes)?;
     let age = entry.age(now).filter(|a| *a <= STORAGE_RATES_AGE_MAX)?;
     Some(StorageRates {
         read: entry.read,
@@ -139,25 +157,15 @@ fn read_cache(cache: &Path, device: u64, now: SystemTime) -> Option<StorageRates
     })
 }
 
-/// Replaces `device`'s line, keeping the other devices' fresh ones.
-fn write_cache(
-    cache: &Path,
-    device: u64,
-    (read, write): (f64, f64),
-    now: SystemTime,
-) -> Result<()> {
+/// Replaces the line of `entry`'s device, keeping the other devices'
+/// fresh ones.
+fn write_cache(cache: &Path, entry: Entry, now: SystemTime) -> Result<()> {
     let fresh = |e: &Entry| e.age(now).is_some_and(|a| a <= STORAGE_RATES_AGE_MAX);
     let mut entries: Vec<Entry> = read_entries(cache)
         .into_iter()
-        .filter(|e| e.device != device && fresh(e))
+        .filter(|e| e.device != entry.device && fresh(e))
         .collect();
-    let at_unix_secs = now.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
-    entries.push(Entry {
-        device,
-        read,
-        write,
-        at_unix_secs,
-    });
+    entries.push(entry);
     let skip = entries.len().saturating_sub(CACHED_DEVICES_MAX);
     let text: String = entries[skip..].iter().map(Entry::line).collect();
     if let Some(dir) = cache.parent() {
@@ -193,6 +201,11 @@ mod tests {
         // measurement would show.
         let text = std::fs::read_to_string(&cache).unwrap();
         assert_eq!(text.lines().count(), 1, "{text}");
+        // A larger sort's probe is not stood for by a smaller one's.
+        let larger = storage_rates(dir.path(), 8 << 20, Some(&cache), false).unwrap();
+        assert_eq!(larger.cached_age, None);
+        let smaller = measured(dir.path(), &cache, false);
+        assert!(smaller.cached_age.is_some());
         let reprobed = measured(dir.path(), &cache, true);
         assert_eq!(reprobed.cached_age, None);
         let leftovers: Vec<_> = std::fs::read_dir(cache.parent().unwrap())
@@ -211,22 +224,23 @@ mod tests {
         let secs = now.duration_since(UNIX_EPOCH).unwrap().as_secs();
         let old = secs - STORAGE_RATES_AGE_MAX.as_secs() - 1;
         let lines = [
-            format!("{device} 1000 2000 {old}"),
-            format!("{device} 1000 2000 {}", secs + 3600),
-            format!("{device} NaN 2000 {secs}"),
-            format!("{device} 0 2000 {secs}"),
-            format!("{device} 1000 2000"),
-            format!("{device} 1000 2000 {secs} extra"),
-            format!("{} 1000 2000 {secs}", device.wrapping_add(1)),
+            format!("{device} 1000 2000 {old} 64"),
+            format!("{device} 1000 2000 {} 64", secs + 3600),
+            format!("{device} NaN 2000 {secs} 64"),
+            format!("{device} 0 2000 {secs} 64"),
+            format!("{device} 1000 2000 {secs}"),
+            format!("{device} 1000 2000 {secs} 63"),
+            format!("{device} 1000 2000 {secs} 64 extra"),
+            format!("{} 1000 2000 {secs} 64", device.wrapping_add(1)),
             "garbage".to_string(),
         ];
         for line in &lines {
             std::fs::write(&cache, format!("{line}\n")).unwrap();
-            assert_eq!(read_cache(&cache, device, now), None, "{line}");
+            assert_eq!(read_cache(&cache, device, 64, now), None, "{line}");
         }
-        let fresh = format!("{device} 1000 2000 {}\n", secs - 60);
+        let fresh = format!("{device} 1000 2000 {} 128\n", secs - 60);
         std::fs::write(&cache, format!("garbage\n{fresh}")).unwrap();
-        let found = read_cache(&cache, device, now).unwrap();
+        let found = read_cache(&cache, device, 64, now).unwrap();
         assert_eq!((found.read, found.write), (1000.0, 2000.0));
         assert!(
             found.cached_age >= Some(Duration::from_secs(60)),
@@ -243,10 +257,17 @@ mod tests {
         let stale = secs - STORAGE_RATES_AGE_MAX.as_secs() - 1;
         std::fs::write(
             &cache,
-            format!("7 1 2 {secs}\n8 1 2 {stale}\n9 5 6 {secs}\n"),
+            format!("7 1 2 {secs} 1\n8 1 2 {stale} 1\n9 5 6 {secs} 1\n"),
         )
         .unwrap();
-        write_cache(&cache, 9, (3e9, 4e9), now).unwrap();
+        let entry = Entry {
+            device: 9,
+            read: 3e9,
+            write: 4e9,
+            at_unix_secs: secs,
+            probe_bytes: 1,
+        };
+        write_cache(&cache, entry, now).unwrap();
         let entries = read_entries(&cache);
         let devices: Vec<u64> = entries.iter().map(|e| e.device).collect();
         assert_eq!(devices, vec![7, 9]);
