@@ -124,9 +124,10 @@ impl Entry {
         )
     }
 
-    /// Its age at `now`; `None` if it claims to be from the future.
+    /// Its age at `now`; `None` if it claims to be from the future (or
+    /// from past the clock's range).
     fn age(&self, now: SystemTime) -> Option<Duration> {
-        let at = UNIX_EPOCH + Duration::from_secs(self.at_unix_secs);
+        let at = UNIX_EPOCH.checked_add(Duration::from_secs(self.at_unix_secs))?;
         now.duration_since(at).ok()
     }
 }
@@ -226,6 +227,7 @@ mod tests {
         let lines = [
             format!("{device} 1000 2000 {old} 64"),
             format!("{device} 1000 2000 {} 64", secs + 3600),
+            format!("{device} 1000 2000 {} 64", u64::MAX),
             format!("{device} NaN 2000 {secs} 64"),
             format!("{device} 0 2000 {secs} 64"),
             format!("{device} 1000 2000 {secs}"),
