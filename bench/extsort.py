@@ -55,8 +55,6 @@ def timed(cmd, **kw):
 def insitu_run(args, inp, out, tmp, codec="auto"):
     secs, text = timed([args.insitu, "extsort", inp, out, "--mem", f"{args.mem_mib}MiB", "--tmp", tmp,
                         "--run-codec", codec])
-    m = re.search(r"measured: read (\d+) MB/s, write (\d+) MB/s", text)
-    read_mbs, write_mbs = float(m.group(1)), float(m.group(2))
     phases = {}
     for row in re.finditer(r"^\| (sort|merge)[^|]*\| ([\d.]+) \| ([\d.]+) \|$", text, re.M):
         phases[row.group(1)] = (float(row.group(2)), float(row.group(3)))
@@ -66,8 +64,6 @@ def insitu_run(args, inp, out, tmp, codec="auto"):
     memory = "\n".join(re.findall(r"^memory: .*$", text, re.M))
     return {
         "secs": secs,
-        "read_mbs": read_mbs,
-        "write_mbs": write_mbs,
         "phases": phases,
         "plan": plan,
         "runs": runs,
