@@ -95,6 +95,25 @@ fn dictionaries(c: &mut Criterion) {
     g.bench_function("decode u64", |b| {
         b.iter(|| dictionary_decode(&fixed).unwrap())
     });
+    // 64Ki entries of 1-32 bytes, decoded in 64Ki-row batches by one
+    // decoder, as a scan of one column chunk does.
+    let words = Arc::new(StringArray::from_iter_values(
+        (0..1 << 16).map(|i| format!("{:0width$}", i, width = 1 + i % 32)),
+    ));
+    let large = DictionaryArray::new(fixed.keys().clone(), words);
+    let batches: Vec<_> = (0..ROWS)
+        .step_by(1 << 16)
+        .map(|at| large.slice(at, (1 << 16).min(ROWS - at)))
+        .collect();
+    let mut decoder = DictionaryDecoder::new();
+    g.bench_function("decoder strings 64Ki entries", |b| {
+        b.iter(|| {
+            let decoded = batches
+                .iter()
+                .map(|batch| decoder.decode(batch).unwrap().len());
+            decoded.sum::<usize>()
+        })
+    });
     g.finish();
 }
 

@@ -15,7 +15,7 @@
 //! | [`dictionary_ranks`], [`sort_dictionary`] | generic sort of dictionary-encoded keys |
 //! | [`gather`], [`gather_batch`], [`gather_rows`], [`gather_rows_into`], [`gather_values`] | shuffle by indices |
 //! | [`GatherSource`] | shuffle of many batches by global indices, a chunk at a time |
-//! | [`dictionary_decode`], [`dictionary_decode_to_views`] | dictionary codes -> plain values (or views into the dictionary) |
+//! | [`dictionary_decode`], [`dictionary_decode_to_views`], [`DictionaryDecoder`] | dictionary codes -> plain values (or views into the dictionary); the decoder reuses per-dictionary tables across batches |
 //! | [`validate_utf8_views`], [`validate_full_fast`] | checks of received string views |
 //! | [`compact_views`] | string / binary views -> one buffer of just their bytes |
 
@@ -30,7 +30,7 @@ mod rows;
 mod views;
 
 pub use argsort::{argsort, argsort_to, argsort_top_k, Parallelism};
-pub use decode::{dictionary_decode, dictionary_decode_to_views};
+pub use decode::{dictionary_decode, dictionary_decode_to_views, DictionaryDecoder};
 pub use dictionary::{
     dictionary_ranks, key_mapping_table, low_cardinality_ranks, sort_dictionary, DictionaryRanks,
 };

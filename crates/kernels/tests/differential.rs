@@ -758,9 +758,9 @@ fn string_decode_matches_cast_on_large_dictionaries() {
     }
 }
 
-/// Small dictionaries of short values without nulls decode through a
-/// table of 32-byte slots: every size, 1 to 4097 entries (past the
-/// table's 4096), values up to 31, 32 and 33 bytes (past a slot), all
+/// Dictionaries of short values without nulls decode through a table of
+/// 32-byte slots once they decode four rows per entry: every size, 1 to
+/// 4097 entries, values up to 31, 32 and 33 bytes (past a slot), all
 /// three byte array types, keys sliced and with nulls (the other paths).
 #[test]
 fn string_decode_through_slots_matches_cast() {
@@ -802,6 +802,62 @@ fn string_decode_through_slots_matches_cast() {
                 }
             }
         }
+    }
+}
+
+/// One [`DictionaryDecoder`] over a stream of batches that switch between
+/// dictionaries (some sharing buffers, one an equal-content copy, one
+/// with a value past a slot, one of 64Ki entries and one past that), to
+/// plain values and to views, matches Arrow's cast batch by batch.
+#[test]
+fn dictionary_decoder_across_batches_matches_cast() {
+    let mut rng = StdRng::seed_from_u64(49);
+    let mut words = |entries: usize, longest: usize| -> ArrayRef {
+        Arc::new(StringArray::from_iter_values((0..entries).map(|_| {
+            let len = rng.random_range(0..=longest);
+            (0..len)
+                .map(|_| rng.random_range(b'a'..=b'z') as char)
+                .collect::<String>()
+        })))
+    };
+    let small = words(7, 32);
+    let medium = words(300, 20);
+    let medium_copy: ArrayRef = Arc::new(StringArray::from_iter_values(
+        medium.as_string::<i32>().iter().flatten(),
+    ));
+    let long = words(50, 40);
+    let most = words(1 << 16, 12);
+    let past = words((1 << 16) + 1, 12);
+    let dictionaries = [small, medium, medium_copy, long, most, past];
+    let mut decoder = DictionaryDecoder::new();
+    let mut to_views = DictionaryDecoder::new();
+    for step in 0..120 {
+        // Runs of batches over one dictionary, so tables get built.
+        let dictionary = &dictionaries[(step / 6) % dictionaries.len()];
+        let entries = dictionary.len();
+        // The last three of a run are large enough together to build
+        // even the 64Ki-entry table (four rows per entry) by the last.
+        let n = match step % 6 {
+            0..3 => [0, 1, 2, 7, 49, 50, 51, 1000][rng.random_range(0..8)],
+            _ => 100_000,
+        };
+        let keys = Int32Array::from_iter((0..n).map(|_| {
+            (step % 4 != 3 || rng.random_bool(0.9)).then(|| rng.random_range(0..entries as i32))
+        }));
+        let dict = DictionaryArray::new(keys, Arc::clone(dictionary));
+        let want = arrow::compute::cast(&dict, &DataType::Utf8).unwrap();
+        let got = decoder.decode(&dict).unwrap();
+        assert_eq!(
+            got.to_data(),
+            want.to_data(),
+            "step {step}: {entries} entries, {n} rows"
+        );
+        let views = to_views.decode_to_views(&dict).unwrap();
+        assert_eq!(
+            views.as_string_view().iter().collect::<Vec<_>>(),
+            want.as_string::<i32>().iter().collect::<Vec<_>>(),
+            "step {step}: views of {entries} entries, {n} rows"
+        );
     }
 }
 
