@@ -304,13 +304,36 @@ fn rejects_partial_records_tiny_budgets_and_same_file() {
         !ok && err.contains("1050 bytes is not a whole number of 100-byte records"),
         "{err}"
     );
+    // 2 MB needs a merge, which needs more than 1 MiB.
     let input = dir.path().join("in");
-    gensort(1000, &input, &[]);
+    gensort(20_000, &input, &[]);
     let (ok, _, err) = extsort(&input, &out, "1MiB", &[]);
     assert!(
-        !ok && err.contains("too small") && err.contains("1998848"),
+        !ok && err.contains("too small") && err.contains("at least 1998848 bytes (for a merge"),
         "{err}"
     );
+    assert!(!out.exists());
+    // 100 KB sorts in memory in 1 MiB; in 256 KiB the error names the
+    // least budget, and that budget sorts it.
+    gensort(1000, &input, &[]);
+    let (ok, _, err) = extsort(&input, &out, "1MiB", &[]);
+    assert!(ok, "{err}");
+    let (ok, report, _) = insitu(&["valsort", arg(&out)]);
+    assert!(ok && report.contains("SUCCESS"), "{report}");
+    std::fs::remove_file(&out).unwrap();
+    let (ok, _, err) = extsort(&input, &out, "256KiB", &[]);
+    let need = err
+        .split("at least ")
+        .nth(1)
+        .and_then(|rest| rest.split(' ').next())
+        .unwrap_or_else(|| panic!("no minimum in: {err}"));
+    assert!(
+        !ok && err.contains("to sort it in memory as one run"),
+        "{err}"
+    );
+    let (ok, _, err) = extsort(&input, &out, need, &[]);
+    assert!(ok, "--mem {need}: {err}");
+    std::fs::remove_file(&out).unwrap();
     let (ok, _, err) = extsort(&input, &input, "64MiB", &[]);
     assert!(!ok && err.contains("same file"), "{err}");
     let (ok, _, err) = insitu(&["extsort", arg(&input), arg(&out), "--key-size", "101"]);

@@ -344,12 +344,17 @@ pub fn plan(
     rates: Rates,
     choice: CodecChoice,
 ) -> Result<Plan> {
-    if mem < min_mem_bytes() {
+    let need = min_budget_bytes(input_bytes, record_size);
+    if mem < need {
+        let why = match need < min_mem_bytes() {
+            true => "to sort it in memory as one run".to_string(),
+            false => format!(
+                "for a merge: 2 runs x 2 blocks of {MERGE_BLOCK_BYTES_MIN} bytes, \
+                 2 output blocks and a write request"
+            ),
+        };
         return Err(ExtsortError::Invalid(format!(
-            "--mem {mem} bytes is too small: a merge needs at least {} bytes \
-             (2 runs x 2 blocks of {} bytes, 2 output blocks and a write request)",
-            min_mem_bytes(),
-            MERGE_BLOCK_BYTES_MIN
+            "--mem {mem} bytes is too small for this input: it needs at least {need} bytes ({why})"
         )));
     }
     let mut best: Option<Plan> = None;
@@ -380,6 +385,31 @@ pub fn plan(
     })
 }
 
+/// The smallest budget that sorts `input_bytes`: the merge minimum
+/// ([`min_mem_bytes`]), or less if the input fits in one run in less.
+pub fn min_budget_bytes(input_bytes: u64, record_size: u64) -> u64 {
+    let records = input_bytes.div_ceil(record_size).max(1);
+    let fits = |budget: u64| {
+        budget > BOOKKEEPING_BYTES
+            && max_run_bytes(budget - BOOKKEEPING_BYTES, record_size, RunFormat::PLAIN)
+                >= records * record_size
+    };
+    let merge_min = min_mem_bytes();
+    if !fits(merge_min) {
+        return merge_min;
+    }
+    // Binary search: the run a budget holds grows with the budget.
+    let (mut over, mut fits_at) = (BOOKKEEPING_BYTES, merge_min);
+    while fits_at - over > 1 {
+        let mid = over + (fits_at - over) / 2;
+        match fits(mid) {
+            true => fits_at = mid,
+            false => over = mid,
+        }
+    }
+    fits_at
+}
+
 /// The best plan with runs written as `format`, or `None` if that format
 /// cannot merge in `mem` (compressed runs need room for their frames).
 fn plan_format(
@@ -393,15 +423,18 @@ fn plan_format(
     let mem = budget - BOOKKEEPING_BYTES;
     let run_max = max_run_bytes(mem, record_size, format);
     if run_max < record_size {
-        return Err(ExtsortError::Invalid(format!(
-            "--mem {budget} bytes cannot hold even one {record_size}-byte record to sort"
-        )));
-    }
-    let fan_max = max_fan_in(mem, format);
-    if fan_max < 2 {
+        // Too little for this format's buffers (plain runs were checked
+        // against the budget's minimum before).
         return Ok(None);
     }
     let records = input_bytes.div_ceil(record_size).max(1);
+    let fan_max = max_fan_in(mem, format);
+    let one_run = records * record_size <= run_max;
+    if fan_max < 2 && !one_run {
+        return Ok(None);
+    }
+    // A one-run plan never merges; 2 keeps the arithmetic below whole.
+    let fan_max = fan_max.max(2);
     // Candidates: the largest run, and halvings of it down to one block.
     let mut candidates = vec![];
     let mut m = run_max;
@@ -795,5 +828,32 @@ mod tests {
             err.contains("too small") && err.contains(&min_mem_bytes().to_string()),
             "{err}"
         );
+    }
+
+    /// A budget below the merge minimum still sorts an input that fits in
+    /// one run, and an input that does not gets the least budget that
+    /// works, for a run or for a merge, in its error.
+    #[test]
+    fn one_run_inputs_sort_below_the_merge_minimum() {
+        let kib = 1u64 << 10;
+        let p = plan(100 * kib, 100, 1024 * kib, RATES, CodecChoice::Auto).unwrap();
+        assert_eq!((p.runs, p.merge_passes), (1, 0), "{p:?}");
+        for input in [100, 100 * kib, 300 * kib] {
+            let need = min_budget_bytes(input, 100);
+            assert!(need < min_mem_bytes(), "{input}: {need}");
+            let p = plan(input, 100, need, RATES, CodecChoice::Auto).unwrap();
+            assert_eq!(p.runs, 1, "{input} at {need}: {p:?}");
+            let err = plan(input, 100, need - 1, RATES, CodecChoice::Auto).unwrap_err();
+            let err = err.to_string();
+            assert!(
+                err.contains(&format!("at least {need} bytes (to sort it in memory")),
+                "{err}"
+            );
+        }
+        let need = min_budget_bytes(4 << 20, 100);
+        assert_eq!(need, min_mem_bytes());
+        let err = plan(4 << 20, 100, need - 1, RATES, NONE).unwrap_err();
+        assert!(err.to_string().contains("for a merge"), "{err}");
+        assert!(plan(100, 100, BOOKKEEPING_BYTES, RATES, NONE).is_err());
     }
 }
