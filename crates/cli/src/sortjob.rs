@@ -112,6 +112,16 @@ pub async fn run(a: SortArgs) -> Result<(), String> {
             a.into
         ));
     }
+    if a.by.iter().any(|c| c.trim().is_empty()) {
+        return Err(format!("--by {} has an empty column name", a.by.join(",")));
+    }
+    if let Some(twice) =
+        a.by.iter()
+            .enumerate()
+            .find(|(i, c)| a.by[..*i].contains(c))
+    {
+        return Err(format!("--by names column {} twice", twice.1));
+    }
     let keys: Vec<SortKey> =
         a.by.iter()
             .map(|c| {

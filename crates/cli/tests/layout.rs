@@ -63,3 +63,25 @@ fn orders_and_lineitem_are_range_partitioned_and_co_located() {
         .count();
     assert_eq!(holders, 1);
 }
+
+/// A data root given as a relative path works like an absolute one for
+/// generating, querying (Parquet and hybrid partitions) and sorting.
+#[test]
+fn relative_roots_work() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = |args: &[&str]| {
+        let (ok, out, err) = common::insitu_in(dir.path(), args);
+        assert!(ok, "{args:?}: {err}");
+        out
+    };
+    let gen = "gen tpch --sf 0.01 --devices 2 --root data";
+    run(&gen.split(' ').collect::<Vec<_>>());
+    let count = "select count(*) from lineitem";
+    let out = run(&["sql", count, "--root", "data", "--format", "csv"]);
+    assert!(out.contains("60175"), "{out}");
+    let sort = "sort --table lineitem --by l_partkey --into by_part --layout hybrid --root data";
+    run(&sort.split(' ').collect::<Vec<_>>());
+    let sql = "select count(*), min(l_partkey) from by_part";
+    let out = run(&["sql", sql, "--root", "./data", "--format", "csv"]);
+    assert!(out.contains("60175,1"), "{out}");
+}

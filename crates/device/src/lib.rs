@@ -231,7 +231,16 @@ impl Device {
         remove_stale_temp_files(dir, &manifest);
         // Runs of sorts that were running when the device stopped.
         let _ = std::fs::remove_dir_all(dir.join(spill::SPILL_DIR));
-        Self::start(dir, config, manifest)
+        // Scans name files by absolute path (the object store's), so a
+        // relative directory is resolved against the working directory now.
+        let dir = std::path::absolute(dir).map_err(|e| {
+            DeviceError::new(
+                id,
+                DeviceErrorKind::NotFound,
+                format!("device directory {}: {e}", dir.display()),
+            )
+        })?;
+        Self::start(&dir, config, manifest)
     }
 
     /// Creates the device directory if needed, then opens it.

@@ -297,11 +297,21 @@ pub fn insitu(args: &[&str]) -> (bool, String, String) {
 
 /// As [`insitu`], with `env` added to the environment.
 pub fn insitu_with_env(args: &[&str], env: &[(&str, &Path)]) -> (bool, String, String) {
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_insitu"))
-        .args(args)
-        .envs(env.iter().copied())
-        .output()
-        .expect("run insitu");
+    let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_insitu"));
+    command.args(args).envs(env.iter().copied());
+    outcome(command)
+}
+
+/// As [`insitu`], run in the working directory `cwd`.
+pub fn insitu_in(cwd: &Path, args: &[&str]) -> (bool, String, String) {
+    let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_insitu"));
+    command.args(args).current_dir(cwd);
+    outcome(command)
+}
+
+/// Runs `command`; returns (success, stdout, stderr).
+fn outcome(mut command: std::process::Command) -> (bool, String, String) {
+    let out = command.output().expect("run insitu");
     (
         out.status.success(),
         String::from_utf8_lossy(&out.stdout).into_owned(),
