@@ -260,6 +260,7 @@ pub fn tpch_devices(
             .iter()
             .all(|d| d.manifest().tables.contains_key("lineitem"))
         {
+            check_scale_factor(root, &devs, sf)?;
             return Ok(devs);
         }
     }
@@ -268,6 +269,40 @@ pub fn tpch_devices(
         root.display()
     );
     gen_tpch_into(root, &budget(args), &GenTpch::parquet(sf, devices))
+}
+
+/// TPC-H orders rows per unit of scale factor (dbgen's count, exact).
+const ORDERS_ROWS_PER_SF: f64 = 1_500_000.0;
+
+/// Refuses TPC-H data under `root` generated at another scale factor than
+/// `sf`: reused silently, it would be reported as `sf`.
+fn check_scale_factor(
+    root: &std::path::Path,
+    devices: &[Arc<Device>],
+    sf: f64,
+) -> Result<(), String> {
+    let orders: u64 = devices
+        .iter()
+        .flat_map(|d| {
+            d.manifest()
+                .tables
+                .get("orders")
+                .cloned()
+                .unwrap_or_default()
+        })
+        .map(|p| p.row_count)
+        .sum();
+    let want = (ORDERS_ROWS_PER_SF * sf).round() as u64;
+    if orders == want {
+        return Ok(());
+    }
+    Err(format!(
+        "{} holds TPC-H with {orders} orders rows (SF {}), not SF {sf} ({want} rows); \
+         pass --sf {} or another --root",
+        root.display(),
+        orders as f64 / ORDERS_ROWS_PER_SF,
+        orders as f64 / ORDERS_ROWS_PER_SF
+    ))
 }
 
 /// Connects to a cluster, generating TPC-H over Flight if it holds none.

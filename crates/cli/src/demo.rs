@@ -1,7 +1,7 @@
 //! `insitu demo`: TPC-H SF1 on 4 embedded devices, pushdown vs pull.
 
 use crate::bench::{compare, markdown_table, tpch_cluster, tpch_devices};
-use crate::session::Target;
+use crate::session::{default_demo_root, Target};
 use crate::{DemoArgs, DeviceArgs};
 
 /// Queries the demo runs.
@@ -14,16 +14,20 @@ pub async fn run(a: DemoArgs) -> Result<(), String> {
             format!("device servers of {}", cluster.display()),
         ),
         None => {
+            let root = a
+                .root
+                .clone()
+                .unwrap_or_else(|| default_demo_root(a.sf, a.devices));
             let dargs = DeviceArgs {
-                root: a.root.clone(),
+                root: root.clone(),
                 cluster: None,
                 mem: 4 << 30,
                 threads: 2,
             };
-            let devices = tpch_devices(&a.root, &dargs, a.sf, a.devices)?;
+            let devices = tpch_devices(&root, &dargs, a.sf, a.devices)?;
             (
                 Target::Embedded(devices),
-                format!("{} embedded devices under {}", a.devices, a.root.display()),
+                format!("{} embedded devices under {}", a.devices, root.display()),
             )
         }
     };

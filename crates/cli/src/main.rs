@@ -227,14 +227,17 @@ struct SqlArgs {
 
 #[derive(Args, Debug)]
 pub struct DemoArgs {
-    #[arg(long, default_value_os_t = session::default_demo_root())]
-    pub root: PathBuf,
+    /// Where the demo data lives, generated on the first run and reused
+    /// after [default: demo-tpch-sf{SF}-{DEVICES}dev in the data directory]
+    #[arg(long)]
+    pub root: Option<PathBuf>,
     /// Link for the comparison.
     #[arg(long, default_value = "10gbe")]
     pub link: LinkProfile,
     /// Scale factor of the demo data.
     #[arg(long, default_value_t = 1.0)]
     pub sf: f64,
+    /// Embedded devices the data is spread over.
     #[arg(long, default_value_t = 4)]
     pub devices: u32,
     /// Run on the device servers of this cluster file instead of embedded devices.

@@ -31,8 +31,9 @@ pub fn default_root() -> PathBuf {
     data_home().join("default")
 }
 
-pub fn default_demo_root() -> PathBuf {
-    data_home().join("demo-tpch-sf1-4dev")
+/// Where `insitu demo` keeps TPC-H at `sf` on `devices` devices.
+pub fn default_demo_root(sf: f64, devices: u32) -> PathBuf {
+    data_home().join(format!("demo-tpch-sf{sf}-{devices}dev"))
 }
 
 pub fn budget(args: &DeviceArgs) -> DeviceBudget {

@@ -231,3 +231,25 @@ async fn unknown_descriptor_version_names_device_table_and_partition() {
         ],
     );
 }
+
+/// The demo generates its data once and reuses it, but not when asked for
+/// another scale factor than the data holds: it would report the wrong one.
+#[test]
+fn demo_refuses_data_of_another_scale_factor() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let root = dir.path().join("demo");
+    let root = root.to_str().expect("utf-8 path");
+    let demo = |sf: &str| common::insitu(&["demo", "--root", root, "--sf", sf, "--devices", "2"]);
+    let (ok, out, err) = demo("0.01");
+    assert!(ok, "{err}");
+    assert_contains(&out, &["| Q1 |", "| Q14 |", "| yes |"]);
+    let (ok, out, err) = demo("0.01");
+    assert!(ok && !err.contains("generating"), "{err}");
+    assert_contains(&out, &["| Q6 |"]);
+    let (ok, _, err) = demo("0.02");
+    assert!(!ok);
+    assert_contains(
+        &err,
+        &["15000 orders rows (SF 0.01), not SF 0.02", "--sf 0.01"],
+    );
+}
