@@ -836,9 +836,10 @@ fn dictionary_decoder_across_batches_matches_cast() {
         let dictionary = &dictionaries[(step / 6) % dictionaries.len()];
         let entries = dictionary.len();
         // The last three of a run are large enough together to build
-        // even the 64Ki-entry table (four rows per entry) by the last.
+        // the table by the last (4 rows per entry, 16 past 4096 entries).
         let n = match step % 6 {
             0..3 => [0, 1, 2, 7, 49, 50, 51, 1000][rng.random_range(0..8)],
+            _ if entries > 4096 => 400_000,
             _ => 100_000,
         };
         let keys = Int32Array::from_iter((0..n).map(|_| {
