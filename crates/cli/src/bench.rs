@@ -283,25 +283,21 @@ fn check_scale_factor(
 ) -> Result<(), String> {
     let orders: u64 = devices
         .iter()
-        .flat_map(|d| {
-            d.manifest()
-                .tables
-                .get("orders")
-                .cloned()
-                .unwrap_or_default()
+        .map(|d| {
+            let manifest = d.manifest();
+            let parts = manifest.tables.get("orders");
+            parts.map_or(0, |parts| parts.iter().map(|p| p.row_count).sum())
         })
-        .map(|p| p.row_count)
         .sum();
     let want = (ORDERS_ROWS_PER_SF * sf).round() as u64;
     if orders == want {
         return Ok(());
     }
+    let held = orders as f64 / ORDERS_ROWS_PER_SF;
     Err(format!(
-        "{} holds TPC-H with {orders} orders rows (SF {}), not SF {sf} ({want} rows); \
-         pass --sf {} or another --root",
+        "{} holds TPC-H with {orders} orders rows (SF {held}), not SF {sf} ({want} rows); \
+         pass --sf {held} or another --root",
         root.display(),
-        orders as f64 / ORDERS_ROWS_PER_SF,
-        orders as f64 / ORDERS_ROWS_PER_SF
     ))
 }
 
