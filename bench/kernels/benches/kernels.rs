@@ -197,7 +197,9 @@ fn gathers(c: &mut Criterion) {
 }
 
 /// Compaction of a string view column gathered at random: strings of 13 to
-/// 43 bytes (like TPC-H comments) spread over many source buffers.
+/// 43 bytes (like TPC-H comments) spread over many source buffers; and of
+/// one gathered from batches sharing a dictionary page (like TPC-H
+/// l_shipinstruct), listed once instead of copied.
 fn views(c: &mut Criterion) {
     let mut g = c.benchmark_group("views");
     g.throughput(Throughput::Elements(ROWS as u64));
@@ -218,6 +220,28 @@ fn views(c: &mut Criterion) {
         b.iter(|| compact_views(gathered))
     });
     g.bench_function("arrow gc, random gather", |b| b.iter(|| gathered.gc()));
+    // A gather over batches decoded from one dictionary page: the page's
+    // buffer listed once per 8192-row source batch.
+    let page = StringViewArray::from(vec!["DELIVER IN PERSON", "TAKE BACK RETURN", "NONE"]);
+    let sources = ROWS.div_ceil(8192) as u128;
+    let views: Vec<u128> = random_u64(ROWS, 16)
+        .iter()
+        .map(|r| {
+            let v = page.views()[(r % 3) as usize];
+            match v as u32 > 12 {
+                true => v | (((*r as u128 >> 8) % sources) << 64),
+                false => v,
+            }
+        })
+        .collect();
+    let buffers = vec![page.data_buffers()[0].clone(); sources as usize];
+    let paged = StringViewArray::try_new(views.into(), buffers, None).unwrap();
+    g.bench_function("dedup_view_buffers, one page's buffer per source", |b| {
+        b.iter(|| dedup_view_buffers(&paged))
+    });
+    g.bench_function("compact_views, one page's buffer per source", |b| {
+        b.iter(|| compact_views(&paged))
+    });
     g.finish();
 }
 

@@ -2,15 +2,15 @@
 
 use std::sync::Arc;
 
-use arrow::array::{Array, ArrayRef, AsArray};
+use arrow::array::{Array, ArrayRef, AsArray, GenericByteViewArray};
 use arrow::buffer::Buffer;
-use arrow::datatypes::{DataType, SchemaRef};
+use arrow::datatypes::{ByteViewType, DataType, SchemaRef};
 use arrow::error::ArrowError;
 use arrow::ipc::writer::{StreamEncoder, StreamWriter};
 use arrow::record_batch::RecordBatch;
 use bytes::Bytes;
-use insitu_kernels::compact_views as compact_view_array;
 use insitu_kernels::mem::{pooled_buffer, take_vec};
+use insitu_kernels::{compact_views as compact_view_array, dedup_view_buffers};
 
 /// Encodes a result stream chunk by chunk: each chunk carries one batch
 /// (the first also the schema, and any dictionaries the batch needs), the
@@ -63,47 +63,39 @@ impl AsRef<[u8]> for BufferBytes {
     }
 }
 
-/// Rewrites string and binary view columns whose data buffers hold far more
-/// than the rows reference. IPC ships whole buffers, so a 5-row slice of an
-/// 8192-row batch would otherwise cross the link with all 8192 rows' bytes.
+/// Rewrites string and binary view columns so that their data buffers hold
+/// little more than the rows reference. IPC ships whole buffers, so a
+/// 5-row slice of an 8192-row batch would otherwise cross the link with
+/// all 8192 rows' bytes, and a gathered batch with every source batch's
+/// buffers. Buffers listed more than once (a dictionary page's, once per
+/// source batch) are listed once; only if what is left still holds more
+/// than twice the referenced bytes (plus 4 KiB) are the strings copied.
 pub fn compact_views(batch: &RecordBatch) -> Result<RecordBatch, ArrowError> {
-    let wasteful = |a: &ArrayRef| -> bool {
-        let (buffers, used): (usize, usize) = match a.data_type() {
-            DataType::Utf8View => {
-                let v = a.as_string_view();
-                (
-                    v.data_buffers().iter().map(|b| b.len()).sum(),
-                    referenced_bytes(v.views()),
-                )
-            }
-            DataType::BinaryView => {
-                let v = a.as_binary_view();
-                (
-                    v.data_buffers().iter().map(|b| b.len()).sum(),
-                    referenced_bytes(v.views()),
-                )
-            }
-            _ => return false,
-        };
-        buffers > 2 * used + 4096
-    };
-    if !batch.columns().iter().any(wasteful) {
+    let is_view = |a: &ArrayRef| matches!(a.data_type(), DataType::Utf8View | DataType::BinaryView);
+    if !batch.columns().iter().any(is_view) {
         return Ok(batch.clone());
     }
     let columns: Vec<ArrayRef> = batch
         .columns()
         .iter()
         .map(|a| match a.data_type() {
-            DataType::Utf8View if wasteful(a) => {
-                Arc::new(compact_view_array(a.as_string_view())) as _
-            }
-            DataType::BinaryView if wasteful(a) => {
-                Arc::new(compact_view_array(a.as_binary_view())) as _
-            }
+            DataType::Utf8View => Arc::new(shrink(a.as_string_view())) as _,
+            DataType::BinaryView => Arc::new(shrink(a.as_binary_view())) as _,
             _ => Arc::clone(a),
         })
         .collect();
     RecordBatch::try_new(batch.schema(), columns)
+}
+
+/// `array` with each buffer listed once, or its strings copied into one
+/// buffer when its distinct buffers still hold far more than it uses.
+fn shrink<T: ByteViewType + ?Sized>(array: &GenericByteViewArray<T>) -> GenericByteViewArray<T> {
+    let shared = dedup_view_buffers(array);
+    let held: usize = shared.data_buffers().iter().map(|b| b.len()).sum();
+    match held > 2 * referenced_bytes(shared.views()) + 4096 {
+        true => compact_view_array(&shared),
+        false => shared,
+    }
 }
 
 /// Bytes of the data buffers that views point at (values over 12 bytes;
@@ -165,6 +157,39 @@ mod tests {
             whole.column(0).as_string_view().data_buffers().len(),
             batch.column(0).as_string_view().data_buffers().len()
         );
+    }
+
+    /// A gather over batches of one dictionary page lists the page's
+    /// buffer once per source batch: shipped once, its strings not copied.
+    #[test]
+    fn a_buffer_listed_many_times_ships_once() {
+        let page = StringViewArray::from(vec!["DELIVER IN PERSON", "TAKE BACK RETURN", "NONE"]);
+        let sources = 300;
+        let views: Vec<u128> = (0..8192u32)
+            .map(|i| {
+                let v = page.views()[(i % 3) as usize];
+                let source = (i as u128 * 7919) % sources;
+                match v as u32 > 12 {
+                    true => v | (source << 64),
+                    false => v,
+                }
+            })
+            .collect();
+        let buffers = vec![page.data_buffers()[0].clone(); sources as usize];
+        let gathered = StringViewArray::try_new(views.into(), buffers, None).unwrap();
+        let schema = Arc::new(Schema::new(vec![Field::new(
+            "s",
+            DataType::Utf8View,
+            false,
+        )]));
+        let batch = RecordBatch::try_new(schema.clone(), vec![Arc::new(gathered)]).unwrap();
+        let shrunk = compact_views(&batch).unwrap();
+        assert_eq!(shrunk, batch);
+        let shipped = shrunk.column(0).as_string_view().data_buffers().to_vec();
+        assert_eq!(shipped.len(), 1, "one buffer");
+        assert!(shipped[0].ptr_eq(&page.data_buffers()[0]), "not copied");
+        let bytes = IpcChunker::start(&schema).unwrap().batch(&batch).unwrap();
+        assert!(bytes.len() < 8192 * 16 + 1024, "{} bytes", bytes.len());
     }
 
     /// Chunks of batches of every column kind a stage emits, sliced or

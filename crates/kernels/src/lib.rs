@@ -18,6 +18,7 @@
 //! | [`dictionary_decode`], [`dictionary_decode_to_views`], [`DictionaryDecoder`] | dictionary codes -> plain values (or views into the dictionary); the decoder reuses per-dictionary tables across batches |
 //! | [`validate_utf8_views`], [`validate_full_fast`] | checks of received string views |
 //! | [`compact_views`] | string / binary views -> one buffer of just their bytes |
+//! | [`dedup_view_buffers`] | string / binary views -> each buffer they reference listed once |
 
 mod argsort;
 mod decode;
@@ -41,4 +42,4 @@ pub use gather::{
 pub use gather_source::{GatherSource, SourceLayout};
 pub use radix::SortIndex;
 pub use rows::argsort_columns;
-pub use views::{compact_views, validate_full_fast, validate_utf8_views};
+pub use views::{compact_views, dedup_view_buffers, validate_full_fast, validate_utf8_views};

@@ -15,9 +15,12 @@
 //! buffers; [`compact_views`] copies just the bytes its views reference
 //! into one buffer. Arrow's `gc` does the same with one `memcpy` call per
 //! string; short strings (most are) here move as one fixed 32-byte copy.
+//! When the views share a few buffers (a dictionary page's, repeated once
+//! per source batch), [`dedup_view_buffers`] lists each buffer once
+//! instead, copying no string.
 
 use arrow::array::{Array, ArrayData, GenericByteViewArray};
-use arrow::buffer::ScalarBuffer;
+use arrow::buffer::{NullBuffer, ScalarBuffer};
 use arrow::datatypes::{ByteViewType, DataType};
 use arrow::error::ArrowError;
 
@@ -179,6 +182,111 @@ fn compact_view_parts(
     // string overwrites or `total` excludes).
     unsafe { data.set_len(total) };
     (out, data)
+}
+
+/// `array` with each data buffer its valid views reference listed once,
+/// and no other: buffers that share memory (same address and length)
+/// become one, unreferenced buffers go, and views are renumbered to match.
+/// No string byte is copied. Null views become empty.
+///
+/// A gather over batches decoded from one Parquet dictionary page lists
+/// the page's buffer once per source batch; shipped as they are, the same
+/// bytes would cross the link hundreds of times, and [`compact_views`]
+/// would copy every row's string to avoid that.
+///
+/// ```
+/// # use arrow::array::{Array, StringViewArray};
+/// # use arrow::compute::concat;
+/// # use insitu_kernels::dedup_view_buffers;
+/// let a = StringViewArray::from(vec!["a string past twelve bytes"]);
+/// let twice = concat(&[&a, &a]).unwrap();
+/// let twice = twice.as_any().downcast_ref::<StringViewArray>().unwrap();
+/// let b = StringViewArray::new(twice.views().clone(), vec![a.data_buffers()[0].clone(); 2], None);
+/// let shared = dedup_view_buffers(&b);
+/// assert_eq!(shared, b);
+/// assert_eq!(shared.data_buffers().len(), 1);
+/// ```
+pub fn dedup_view_buffers<T: ByteViewType + ?Sized>(
+    array: &GenericByteViewArray<T>,
+) -> GenericByteViewArray<T> {
+    let views = array.views();
+    let buffers = array.data_buffers();
+    let nulls = array.nulls();
+    let referenced = referenced_buffers(views, buffers.len(), nulls);
+    let (kept, renumber) = distinct_buffers(buffers, &referenced);
+    if kept.len() == buffers.len() {
+        return array.clone();
+    }
+    let mut out: Vec<u128> = take_vec(views.len());
+    // Branch-free: strings inline or out of line alternate at random.
+    out.extend(views.iter().map(|&view| {
+        let long = view as u32 > INLINE_BYTES_MAX;
+        let index = (view >> 64) as u32 as usize * long as usize;
+        let renumbered = (view & !BUFFER_INDEX_BITS) | ((renumber[index] as u128) << 64);
+        if long {
+            renumbered
+        } else {
+            view
+        }
+    }));
+    if let Some(nulls) = nulls {
+        for row in (0..out.len()).filter(|&row| nulls.is_null(row)) {
+            out[row] = 0;
+        }
+    }
+    let views = ScalarBuffer::new(pooled_buffer(out), 0, array.len());
+    // SAFETY: every valid out-of-line view keeps its length, prefix and
+    // offset and names a buffer that is the same memory as the one it
+    // named; inline views are unchanged and null views are empty. UTF-8
+    // validity carries over.
+    unsafe { GenericByteViewArray::new_unchecked(views, kept, nulls.cloned()) }
+}
+
+/// A view's buffer index (bits 64..96 of an out-of-line view).
+const BUFFER_INDEX_BITS: u128 = (u32::MAX as u128) << 64;
+
+/// Which of `buffer_count` buffers the valid out-of-line views name (at
+/// least one entry, so inline views can index entry 0 without a branch).
+fn referenced_buffers(
+    views: &[u128],
+    buffer_count: usize,
+    nulls: Option<&NullBuffer>,
+) -> Vec<bool> {
+    let mut referenced = vec![false; buffer_count.max(1)];
+    for (row, &view) in views.iter().enumerate() {
+        let long = view as u32 > INLINE_BYTES_MAX && nulls.is_none_or(|n| n.is_valid(row));
+        let index = (view >> 64) as u32 as usize * long as usize;
+        match referenced.get_mut(index) {
+            Some(r) if index < buffer_count || !long => *r |= long,
+            _ => panic!("view {row} names buffer {index} of {buffer_count}"),
+        }
+    }
+    referenced.truncate(buffer_count);
+    referenced
+}
+
+/// The referenced buffers, each distinct one once (in first-reference
+/// order of the list), and each old index's new index.
+fn distinct_buffers(
+    buffers: &[arrow::buffer::Buffer],
+    referenced: &[bool],
+) -> (Vec<arrow::buffer::Buffer>, Vec<u32>) {
+    let mut kept: Vec<arrow::buffer::Buffer> = vec![];
+    let mut index_of = std::collections::HashMap::new();
+    // At least one entry: inline views read entry 0 and ignore it.
+    let mut renumber = vec![u32::MAX; buffers.len().max(1)];
+    for (old, buffer) in buffers.iter().enumerate() {
+        if !referenced[old] {
+            continue;
+        }
+        let key = (buffer.as_ptr() as usize, buffer.len());
+        let new = *index_of.entry(key).or_insert_with(|| {
+            kept.push(buffer.clone());
+            kept.len() as u32 - 1
+        });
+        renumber[old] = new;
+    }
+    (kept, renumber)
 }
 
 fn check_inline(view: u128, len: u32) -> Result<(), &'static str> {

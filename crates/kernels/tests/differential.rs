@@ -1133,6 +1133,71 @@ fn compact_views_matches_arrow_gc() {
     }
 }
 
+/// Views spread over a list that names the same few buffers many times
+/// (and some never): the same values, each referenced buffer once, no
+/// unreferenced one, none copied.
+#[test]
+fn dedup_view_buffers_keeps_values_and_lists_each_buffer_once() {
+    let mut rng = StdRng::seed_from_u64(53);
+    let pages: Vec<StringViewArray> = (0..4)
+        .map(|p| {
+            StringViewArray::from_iter_values(
+                (0..20).map(|i| format!("page {p} value {i} {}", "x".repeat(i % 15))),
+            )
+        })
+        .collect();
+    for n in SIZES {
+        // Buffer list: each page's buffer several times over, plus an
+        // unreferenced one at the end.
+        let mut buffers = vec![];
+        for _ in 0..5 {
+            for page in &pages {
+                buffers.push(page.data_buffers()[0].clone());
+            }
+        }
+        buffers.push(arrow::buffer::Buffer::from_vec(vec![0u8; 64]));
+        let views: Vec<u128> = (0..n)
+            .map(|_| {
+                let slot = rng.random_range(0..20);
+                let copy = rng.random_range(0..5);
+                let page = rng.random_range(0..4);
+                let v = pages[page].views()[slot];
+                match v as u32 > 12 {
+                    true => v | (((copy * 4 + page) as u128) << 64),
+                    false => v,
+                }
+            })
+            .collect();
+        let nulls = (n % 2 == 1)
+            .then(|| arrow::buffer::NullBuffer::from_iter((0..n).map(|_| rng.random_bool(0.8))));
+        let array = StringViewArray::try_new(views.into(), buffers.clone(), nulls).unwrap();
+        let start = rng.random_range(0..=n);
+        let sliced = array.slice(start, rng.random_range(0..=n - start));
+        for a in [&array, &sliced] {
+            let ours = dedup_view_buffers(a);
+            assert_eq!(ours, *a, "n={n}");
+            ours.to_data().validate_full().unwrap();
+            let kept = ours.data_buffers();
+            for (i, b) in kept.iter().enumerate() {
+                assert!(
+                    pages.iter().any(|p| p.data_buffers()[0].ptr_eq(b)),
+                    "n={n}: buffer {i} is a page's, not a copy"
+                );
+                assert!(
+                    kept[..i].iter().all(|o| !o.ptr_eq(b)),
+                    "n={n}: buffer {i} listed twice"
+                );
+                let used = ours.views().iter().enumerate().any(|(row, &v)| {
+                    v as u32 > 12 && ours.is_valid(row) && (v >> 64) as u32 as usize == i
+                });
+                assert!(used, "n={n}: buffer {i} unreferenced");
+            }
+            let binary = a.clone().to_binary_view();
+            assert_eq!(dedup_view_buffers(&binary), binary, "n={n}");
+        }
+    }
+}
+
 /// Keys without nulls take the direct path (vector gathers where the CPU
 /// has them): 1- to 16-byte values, i32 and u32 keys, every size, with the
 /// tails past the last full vector block.
