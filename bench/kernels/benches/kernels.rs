@@ -220,6 +220,9 @@ fn views(c: &mut Criterion) {
         b.iter(|| compact_views(gathered))
     });
     g.bench_function("arrow gc, random gather", |b| b.iter(|| gathered.gc()));
+    g.bench_function("shrink_views, random gather", |b| {
+        b.iter(|| shrink_views(gathered))
+    });
     // A gather over batches decoded from one dictionary page: the page's
     // buffer listed once per 8192-row source batch.
     let page = StringViewArray::from(vec!["DELIVER IN PERSON", "TAKE BACK RETURN", "NONE"]);
@@ -241,6 +244,9 @@ fn views(c: &mut Criterion) {
     });
     g.bench_function("compact_views, one page's buffer per source", |b| {
         b.iter(|| compact_views(&paged))
+    });
+    g.bench_function("shrink_views, one page's buffer per source", |b| {
+        b.iter(|| shrink_views(&paged))
     });
     g.finish();
 }

@@ -2,15 +2,15 @@
 
 use std::sync::Arc;
 
-use arrow::array::{Array, ArrayRef, AsArray, GenericByteViewArray};
+use arrow::array::{Array, ArrayRef, AsArray};
 use arrow::buffer::Buffer;
-use arrow::datatypes::{ByteViewType, DataType, SchemaRef};
+use arrow::datatypes::{DataType, SchemaRef};
 use arrow::error::ArrowError;
 use arrow::ipc::writer::{StreamEncoder, StreamWriter};
 use arrow::record_batch::RecordBatch;
 use bytes::Bytes;
 use insitu_kernels::mem::{pooled_buffer, take_vec};
-use insitu_kernels::{compact_views as compact_view_array, dedup_view_buffers};
+use insitu_kernels::shrink_views;
 
 /// Encodes a result stream chunk by chunk: each chunk carries one batch
 /// (the first also the schema, and any dictionaries the batch needs), the
@@ -64,12 +64,13 @@ impl AsRef<[u8]> for BufferBytes {
 }
 
 /// Rewrites string and binary view columns so that their data buffers hold
-/// little more than the rows reference. IPC ships whole buffers, so a
-/// 5-row slice of an 8192-row batch would otherwise cross the link with
-/// all 8192 rows' bytes, and a gathered batch with every source batch's
-/// buffers. Buffers listed more than once (a dictionary page's, once per
-/// source batch) are listed once; only if what is left still holds more
-/// than twice the referenced bytes (plus 4 KiB) are the strings copied.
+/// little more than the rows reference (the kernels' `shrink_views`). IPC
+/// ships whole buffers, so a 5-row slice of an 8192-row batch would
+/// otherwise cross the link with all 8192 rows' bytes, and a gathered
+/// batch with every source batch's buffers. Buffers listed more than once
+/// (a dictionary page's, once per source batch) are listed once; only if
+/// what is left still holds far more than the rows use are the strings
+/// copied.
 pub fn compact_views(batch: &RecordBatch) -> Result<RecordBatch, ArrowError> {
     let is_view = |a: &ArrayRef| matches!(a.data_type(), DataType::Utf8View | DataType::BinaryView);
     if !batch.columns().iter().any(is_view) {
@@ -79,33 +80,12 @@ pub fn compact_views(batch: &RecordBatch) -> Result<RecordBatch, ArrowError> {
         .columns()
         .iter()
         .map(|a| match a.data_type() {
-            DataType::Utf8View => Arc::new(shrink(a.as_string_view())) as _,
-            DataType::BinaryView => Arc::new(shrink(a.as_binary_view())) as _,
+            DataType::Utf8View => Arc::new(shrink_views(a.as_string_view())) as _,
+            DataType::BinaryView => Arc::new(shrink_views(a.as_binary_view())) as _,
             _ => Arc::clone(a),
         })
         .collect();
     RecordBatch::try_new(batch.schema(), columns)
-}
-
-/// `array` with each buffer listed once, or its strings copied into one
-/// buffer when its distinct buffers still hold far more than it uses.
-fn shrink<T: ByteViewType + ?Sized>(array: &GenericByteViewArray<T>) -> GenericByteViewArray<T> {
-    let shared = dedup_view_buffers(array);
-    let held: usize = shared.data_buffers().iter().map(|b| b.len()).sum();
-    match held > 2 * referenced_bytes(shared.views()) + 4096 {
-        true => compact_view_array(&shared),
-        false => shared,
-    }
-}
-
-/// Bytes of the data buffers that views point at (values over 12 bytes;
-/// shorter ones are inlined in the view).
-fn referenced_bytes(views: &[u128]) -> usize {
-    views
-        .iter()
-        .map(|v| *v as u32 as usize)
-        .filter(|len| *len > 12)
-        .sum()
 }
 
 /// One batch as a complete Arrow IPC stream (small answers: key samples).

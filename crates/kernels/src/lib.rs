@@ -19,6 +19,7 @@
 //! | [`validate_utf8_views`], [`validate_full_fast`] | checks of received string views |
 //! | [`compact_views`] | string / binary views -> one buffer of just their bytes |
 //! | [`dedup_view_buffers`] | string / binary views -> each buffer they reference listed once |
+//! | [`shrink_views`] | string / binary views -> buffers of little more than they use, by either of the two above |
 
 mod argsort;
 mod decode;
@@ -42,4 +43,7 @@ pub use gather::{
 pub use gather_source::{GatherSource, SourceLayout};
 pub use radix::SortIndex;
 pub use rows::argsort_columns;
-pub use views::{compact_views, dedup_view_buffers, validate_full_fast, validate_utf8_views};
+pub use views::{
+    compact_views, dedup_view_buffers, shrink_views, validate_full_fast, validate_utf8_views,
+    SHRINK_SLACK_BYTES,
+};

@@ -103,13 +103,18 @@ const COPY_BLOCK_BYTES: usize = 32;
 pub fn compact_views<T: ByteViewType + ?Sized>(
     array: &GenericByteViewArray<T>,
 ) -> GenericByteViewArray<T> {
+    let (_, used) = buffer_use(array.views(), array.data_buffers().len(), array.nulls());
+    compact_referenced(array, used)
+}
+
+/// [`compact_views`] given the bytes its valid out-of-line views hold.
+fn compact_referenced<T: ByteViewType + ?Sized>(
+    array: &GenericByteViewArray<T>,
+    total: usize,
+) -> GenericByteViewArray<T> {
     let views = array.views();
     let nulls = array.nulls();
     let is_valid = |i: usize| nulls.is_none_or(|n| n.is_valid(i));
-    let total: usize = (views.iter().enumerate())
-        .filter(|&(i, &v)| v as u32 > INLINE_BYTES_MAX && is_valid(i))
-        .map(|(_, &v)| v as u32 as usize)
-        .sum();
     if total > u32::MAX as usize {
         // One buffer's offsets are u32; Arrow's gc splits into several.
         return array.gc();
@@ -209,13 +214,59 @@ fn compact_view_parts(
 pub fn dedup_view_buffers<T: ByteViewType + ?Sized>(
     array: &GenericByteViewArray<T>,
 ) -> GenericByteViewArray<T> {
-    let views = array.views();
+    let (referenced, _) = buffer_use(array.views(), array.data_buffers().len(), array.nulls());
+    let (kept, renumber) = distinct_buffers(array.data_buffers(), &referenced);
+    renumbered(array, kept, &renumber)
+}
+
+/// Data buffers may hold this many bytes past twice what the views use
+/// before [`shrink_views`] copies the strings.
+pub const SHRINK_SLACK_BYTES: usize = 4096;
+
+/// `array` with data buffers holding little more than its views use, for
+/// shipping (IPC sends whole buffers): each referenced buffer listed once
+/// ([`dedup_view_buffers`]), or, when those still hold more than twice the
+/// referenced bytes plus [`SHRINK_SLACK_BYTES`], the strings copied into
+/// one buffer ([`compact_views`]). One pass over the views decides.
+///
+/// ```
+/// # use arrow::array::{Array, StringViewArray};
+/// # use insitu_kernels::shrink_views;
+/// let a = StringViewArray::from_iter_values((0..1000).map(|i| format!("a string past twelve bytes, {i}")));
+/// let slice = a.slice(10, 2);
+/// let shrunk = shrink_views(&slice);
+/// assert_eq!(shrunk, slice);
+/// assert!(shrunk.data_buffers()[0].len() < 100);
+/// ```
+pub fn shrink_views<T: ByteViewType + ?Sized>(
+    array: &GenericByteViewArray<T>,
+) -> GenericByteViewArray<T> {
     let buffers = array.data_buffers();
-    let nulls = array.nulls();
-    let referenced = referenced_buffers(views, buffers.len(), nulls);
+    let (referenced, used) = buffer_use(array.views(), buffers.len(), array.nulls());
     let (kept, renumber) = distinct_buffers(buffers, &referenced);
-    if kept.len() == buffers.len() {
-        return array.clone();
+    let held: usize = kept.iter().map(|b| b.len()).sum();
+    match held > 2 * used + SHRINK_SLACK_BYTES {
+        true => compact_referenced(array, used),
+        false => renumbered(array, kept, &renumber),
+    }
+}
+
+/// `array` over `kept` buffers, its views renumbered by `renumber` (old
+/// buffer index -> index in `kept`).
+fn renumbered<T: ByteViewType + ?Sized>(
+    array: &GenericByteViewArray<T>,
+    kept: Vec<arrow::buffer::Buffer>,
+    renumber: &[u32],
+) -> GenericByteViewArray<T> {
+    let views = array.views();
+    let nulls = array.nulls();
+    if kept.len() == array.data_buffers().len() {
+        return array.clone(); // each referenced once, in order: no change
+    }
+    if kept.is_empty() && nulls.is_none() {
+        // Every string inline: the views stay, the buffers go.
+        // SAFETY: no view names a buffer.
+        return unsafe { GenericByteViewArray::new_unchecked(views.clone(), kept, None) };
     }
     let mut out: Vec<u128> = take_vec(views.len());
     // Branch-free: strings inline or out of line alternate at random.
@@ -245,24 +296,29 @@ pub fn dedup_view_buffers<T: ByteViewType + ?Sized>(
 /// A view's buffer index (bits 64..96 of an out-of-line view).
 const BUFFER_INDEX_BITS: u128 = (u32::MAX as u128) << 64;
 
-/// Which of `buffer_count` buffers the valid out-of-line views name (at
-/// least one entry, so inline views can index entry 0 without a branch).
-fn referenced_buffers(
+/// Which of `buffer_count` buffers the valid out-of-line views name, and
+/// the bytes those views hold.
+fn buffer_use(
     views: &[u128],
     buffer_count: usize,
     nulls: Option<&NullBuffer>,
-) -> Vec<bool> {
+) -> (Vec<bool>, usize) {
+    // At least one entry, so inline views can mark entry 0 (with false)
+    // without a branch.
     let mut referenced = vec![false; buffer_count.max(1)];
+    let mut used = 0usize;
     for (row, &view) in views.iter().enumerate() {
-        let long = view as u32 > INLINE_BYTES_MAX && nulls.is_none_or(|n| n.is_valid(row));
+        let len = view as u32;
+        let long = len > INLINE_BYTES_MAX && nulls.is_none_or(|n| n.is_valid(row));
         let index = (view >> 64) as u32 as usize * long as usize;
         match referenced.get_mut(index) {
             Some(r) if index < buffer_count || !long => *r |= long,
             _ => panic!("view {row} names buffer {index} of {buffer_count}"),
         }
+        used += len as usize * long as usize;
     }
     referenced.truncate(buffer_count);
-    referenced
+    (referenced, used)
 }
 
 /// The referenced buffers, each distinct one once (in first-reference
@@ -275,16 +331,24 @@ fn distinct_buffers(
     let mut index_of = std::collections::HashMap::new();
     // At least one entry: inline views read entry 0 and ignore it.
     let mut renumber = vec![u32::MAX; buffers.len().max(1)];
+    let mut last: Option<((usize, usize), u32)> = None;
     for (old, buffer) in buffers.iter().enumerate() {
         if !referenced[old] {
             continue;
         }
+        // Batches of one row group share its dictionary page: most repeats
+        // are of the buffer just seen.
         let key = (buffer.as_ptr() as usize, buffer.len());
+        if last.is_some_and(|(k, _)| k == key) {
+            renumber[old] = last.expect("checked").1;
+            continue;
+        }
         let new = *index_of.entry(key).or_insert_with(|| {
             kept.push(buffer.clone());
             kept.len() as u32 - 1
         });
         renumber[old] = new;
+        last = Some((key, new));
     }
     (kept, renumber)
 }

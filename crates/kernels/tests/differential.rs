@@ -1129,8 +1129,23 @@ fn compact_views_matches_arrow_gc() {
             assert!(ours.data_buffers().len() <= 1);
             let binary = array.clone().to_binary_view();
             assert_eq!(compact_views(&binary), binary, "n={n}");
+            assert_shrunk(array, n);
         }
     }
+}
+
+/// `shrink_views(array)` equals `array` and its buffers hold at most twice
+/// the bytes its views use plus the slack.
+fn assert_shrunk(array: &StringViewArray, n: usize) {
+    let shrunk = shrink_views(array);
+    assert_eq!(shrunk, *array, "n={n}");
+    shrunk.to_data().validate_full().unwrap();
+    let held: usize = shrunk.data_buffers().iter().map(|b| b.len()).sum();
+    let used = referenced_view_bytes(array);
+    assert!(
+        held <= 2 * used + SHRINK_SLACK_BYTES,
+        "n={n}: {held} bytes held for {used} used"
+    );
 }
 
 /// Views spread over a list that names the same few buffers many times
@@ -1194,6 +1209,16 @@ fn dedup_view_buffers_keeps_values_and_lists_each_buffer_once() {
             }
             let binary = a.clone().to_binary_view();
             assert_eq!(dedup_view_buffers(&binary), binary, "n={n}");
+            assert_shrunk(a, n);
+            // Pages' buffers are small against what a large array uses:
+            // listed, not copied.
+            if referenced_view_bytes(a) > 4 * SHRINK_SLACK_BYTES {
+                let shrunk = shrink_views(a);
+                assert!(shrunk
+                    .data_buffers()
+                    .iter()
+                    .all(|b| pages.iter().any(|p| p.data_buffers()[0].ptr_eq(b))));
+            }
         }
     }
 }
