@@ -28,7 +28,7 @@ impl IpcChunker {
     }
 
     pub fn batch(&mut self, batch: &RecordBatch) -> Result<Bytes, ArrowError> {
-        let batch = compact_views(batch)?;
+        let batch = shrink_view_columns(batch)?;
         Ok(contiguous(self.encoder.encode(&batch)?))
     }
 
@@ -71,7 +71,7 @@ impl AsRef<[u8]> for BufferBytes {
 /// (a dictionary page's, once per source batch) are listed once; only if
 /// what is left still holds far more than the rows use are the strings
 /// copied.
-pub fn compact_views(batch: &RecordBatch) -> Result<RecordBatch, ArrowError> {
+pub fn shrink_view_columns(batch: &RecordBatch) -> Result<RecordBatch, ArrowError> {
     let is_view = |a: &ArrayRef| matches!(a.data_type(), DataType::Utf8View | DataType::BinaryView);
     if !batch.columns().iter().any(is_view) {
         return Ok(batch.clone());
@@ -126,13 +126,13 @@ mod tests {
         let mut chunker = IpcChunker::start(&schema).unwrap();
         let bytes = chunker.batch(&slice).unwrap();
         assert!(bytes.len() < 2_000, "{} bytes for 5 rows", bytes.len());
-        let compacted = compact_views(&slice).unwrap();
+        let compacted = shrink_view_columns(&slice).unwrap();
         assert_eq!(
             compacted.column(0).as_string_view().value(0),
             "a fairly long comment number 10"
         );
         // Nothing to gain: returned as is.
-        let whole = compact_views(&batch).unwrap();
+        let whole = shrink_view_columns(&batch).unwrap();
         assert_eq!(
             whole.column(0).as_string_view().data_buffers().len(),
             batch.column(0).as_string_view().data_buffers().len()
@@ -163,7 +163,7 @@ mod tests {
             false,
         )]));
         let batch = RecordBatch::try_new(schema.clone(), vec![Arc::new(gathered)]).unwrap();
-        let shrunk = compact_views(&batch).unwrap();
+        let shrunk = shrink_view_columns(&batch).unwrap();
         assert_eq!(shrunk, batch);
         let shipped = shrunk.column(0).as_string_view().data_buffers().to_vec();
         assert_eq!(shipped.len(), 1, "one buffer");

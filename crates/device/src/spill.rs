@@ -144,7 +144,7 @@ impl RunWriter {
     fn write(&mut self, batch: &RecordBatch) -> Result<()> {
         // Slices and merged batches of string views point into their
         // sources' whole data buffers, which IPC would write every time.
-        let batch = &crate::ipc::compact_views(batch)?;
+        let batch = &crate::ipc::shrink_view_columns(batch)?;
         // Slices carry their parent's buffers; count what a reader gets.
         let compact = batch_slice_bytes(batch)?;
         self.batch_bytes_max = self.batch_bytes_max.max(compact);
