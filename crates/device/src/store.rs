@@ -10,22 +10,58 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use bytes::Bytes;
 use futures::stream::{BoxStream, StreamExt};
+use insitu_kernels::mem::{pooled_buffer, take_vec_filled};
+use object_store::local::LocalFileSystem;
 use object_store::path::Path;
 use object_store::{
     CopyOptions, GetOptions, GetResult, GetResultPayload, ListResult, MultipartUpload, ObjectMeta,
     ObjectStore, PutMultipartOptions, PutOptions, PutPayload, PutResult, Result,
 };
 
-/// Wraps a store and counts the bytes its reads return.
+/// Wraps the device's local file system and counts the bytes its reads
+/// return.
 #[derive(Debug)]
 pub struct CountingStore {
-    inner: Arc<dyn ObjectStore>,
+    inner: Arc<LocalFileSystem>,
     bytes_read: Arc<AtomicU64>,
 }
 
 impl CountingStore {
-    pub fn new(inner: Arc<dyn ObjectStore>, bytes_read: Arc<AtomicU64>) -> Self {
+    pub fn new(inner: Arc<LocalFileSystem>, bytes_read: Arc<AtomicU64>) -> Self {
         Self { inner, bytes_read }
+    }
+}
+
+/// Ranges at least this long are read into the kernels' scratch pool.
+/// A hybrid sort reads each file's row slots and heap (hundreds of MiB)
+/// every query; fresh buffers for them cost as much in page faults and
+/// zeroing as the rest of the read.
+const POOLED_READ_BYTES_MIN: u64 = 4 << 20;
+
+/// Reads `ranges` of the file at `path`, each into a buffer from the
+/// kernels' scratch pool that returns there when the last `Bytes` of it
+/// drops.
+fn read_pooled(path: &std::path::Path, ranges: &[Range<u64>]) -> std::io::Result<Vec<Bytes>> {
+    use std::os::unix::fs::FileExt;
+    let file = std::fs::File::open(path)?;
+    ranges
+        .iter()
+        .map(|r| {
+            let len = usize::try_from(r.end.saturating_sub(r.start))
+                .map_err(|_| std::io::Error::other("range too long"))?;
+            let mut v: Vec<u8> = take_vec_filled(len);
+            file.read_exact_at(&mut v, r.start)?;
+            Ok(Bytes::from_owner(PooledBytes(pooled_buffer(v))))
+        })
+        .collect()
+}
+
+/// An Arrow buffer (from the scratch pool) as the owner of a `Bytes`.
+struct PooledBytes(arrow::buffer::Buffer);
+
+impl AsRef<[u8]> for PooledBytes {
+    fn as_ref(&self) -> &[u8] {
+        &self.0
     }
 }
 
@@ -76,7 +112,26 @@ impl ObjectStore for CountingStore {
     }
 
     async fn get_ranges(&self, location: &Path, ranges: &[Range<u64>]) -> Result<Vec<Bytes>> {
-        let out = self.inner.get_ranges(location, ranges).await?;
+        let out = match ranges
+            .iter()
+            .any(|r| r.end.saturating_sub(r.start) >= POOLED_READ_BYTES_MIN)
+        {
+            false => self.inner.get_ranges(location, ranges).await?,
+            true => {
+                let path = self.inner.path_to_filesystem(location)?;
+                let wanted = ranges.to_vec();
+                let read = tokio::task::spawn_blocking(move || read_pooled(&path, &wanted));
+                let generic = |source: Box<dyn std::error::Error + Send + Sync>| {
+                    object_store::Error::Generic {
+                        store: "LocalFileSystem",
+                        source,
+                    }
+                };
+                read.await
+                    .map_err(|e| generic(Box::new(e)))?
+                    .map_err(|e| generic(format!("reading {location}: {e}").into()))?
+            }
+        };
         let n: usize = out.iter().map(Bytes::len).sum();
         self.bytes_read.fetch_add(n as u64, Ordering::Relaxed);
         Ok(out)
@@ -99,5 +154,55 @@ impl ObjectStore for CountingStore {
 
     async fn copy_opts(&self, from: &Path, to: &Path, options: CopyOptions) -> Result<()> {
         self.inner.copy_opts(from, to, options).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Ranges past `POOLED_READ_BYTES_MIN` take the pooled read: the same
+    /// bytes as the plain read, counted, and a clear error past the end or
+    /// for a missing file.
+    #[tokio::test]
+    async fn pooled_reads_return_the_bytes_and_count_them() {
+        let dir = tempfile::tempdir().unwrap();
+        let len = POOLED_READ_BYTES_MIN as usize + 4097;
+        let content: Vec<u8> = (0..len).map(|i| (i * 31 % 251) as u8).collect();
+        let file = dir.path().join("part.bin");
+        std::fs::write(&file, &content).unwrap();
+        let counted = Arc::new(AtomicU64::new(0));
+        let store = CountingStore::new(Arc::new(LocalFileSystem::new()), Arc::clone(&counted));
+        let location = Path::from_filesystem_path(&file).unwrap();
+        let big = 3..len as u64;
+        for ranges in [vec![big.clone(), 10..20, 7..7], vec![0..5, 100..200]] {
+            counted.store(0, Ordering::Relaxed);
+            let got = store.get_ranges(&location, &ranges).await.unwrap();
+            assert_eq!(got.len(), ranges.len());
+            for (r, bytes) in ranges.iter().zip(&got) {
+                assert_eq!(
+                    &bytes[..],
+                    &content[r.start as usize..r.end as usize],
+                    "{r:?}"
+                );
+            }
+            let n: u64 = ranges.iter().map(|r| r.end - r.start).sum();
+            assert_eq!(counted.load(Ordering::Relaxed), n);
+        }
+        let past = 0..len as u64 + 1;
+        let past_end = store
+            .get_ranges(&location, std::slice::from_ref(&past))
+            .await;
+        let err = past_end.unwrap_err().to_string();
+        assert!(err.contains("part.bin"), "{err}");
+        let missing = Path::from_filesystem_path(dir.path())
+            .unwrap()
+            .join("gone.bin");
+        let err = store
+            .get_ranges(&missing, &[big])
+            .await
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("gone.bin"), "{err}");
     }
 }
