@@ -55,7 +55,7 @@ fn contiguous(pieces: Vec<Buffer>) -> Bytes {
 }
 
 /// An Arrow buffer as the owner of a `Bytes`.
-struct BufferBytes(Buffer);
+pub(crate) struct BufferBytes(pub(crate) Buffer);
 
 impl AsRef<[u8]> for BufferBytes {
     fn as_ref(&self) -> &[u8] {

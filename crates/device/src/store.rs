@@ -11,6 +11,8 @@ use async_trait::async_trait;
 use bytes::Bytes;
 use futures::stream::{BoxStream, StreamExt};
 use insitu_kernels::mem::{pooled_buffer, take_vec_filled};
+
+use crate::ipc::BufferBytes;
 use object_store::local::LocalFileSystem;
 use object_store::path::Path;
 use object_store::{
@@ -51,18 +53,9 @@ fn read_pooled(path: &std::path::Path, ranges: &[Range<u64>]) -> std::io::Result
                 .map_err(|_| std::io::Error::other("range too long"))?;
             let mut v: Vec<u8> = take_vec_filled(len);
             file.read_exact_at(&mut v, r.start)?;
-            Ok(Bytes::from_owner(PooledBytes(pooled_buffer(v))))
+            Ok(Bytes::from_owner(BufferBytes(pooled_buffer(v))))
         })
         .collect()
-}
-
-/// An Arrow buffer (from the scratch pool) as the owner of a `Bytes`.
-struct PooledBytes(arrow::buffer::Buffer);
-
-impl AsRef<[u8]> for PooledBytes {
-    fn as_ref(&self) -> &[u8] {
-        &self.0
-    }
 }
 
 impl fmt::Display for CountingStore {
