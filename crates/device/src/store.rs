@@ -46,11 +46,18 @@ const POOLED_READ_BYTES_MIN: u64 = 4 << 20;
 fn read_pooled(path: &std::path::Path, ranges: &[Range<u64>]) -> std::io::Result<Vec<Bytes>> {
     use std::os::unix::fs::FileExt;
     let file = std::fs::File::open(path)?;
+    let size = file.metadata()?.len();
     ranges
         .iter()
         .map(|r| {
-            let len = usize::try_from(r.end.saturating_sub(r.start))
-                .map_err(|_| std::io::Error::other("range too long"))?;
+            if r.end < r.start || r.end > size {
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::InvalidInput,
+                    format!("byte range {r:?} is not within the file's {size} bytes"),
+                ));
+            }
+            let len = usize::try_from(r.end - r.start)
+                .map_err(|_| std::io::Error::other(format!("byte range {r:?} is too long")))?;
             let mut v: Vec<u8> = take_vec_filled(len);
             file.read_exact_at(&mut v, r.start)?;
             Ok(Bytes::from_owner(BufferBytes(pooled_buffer(v))))
@@ -187,7 +194,14 @@ mod tests {
             .get_ranges(&location, std::slice::from_ref(&past))
             .await;
         let err = past_end.unwrap_err().to_string();
-        assert!(err.contains("part.bin"), "{err}");
+        assert!(
+            err.contains("part.bin") && err.contains("not within the file's"),
+            "{err}"
+        );
+        #[allow(clippy::reversed_empty_ranges)]
+        let inverted = [big.clone(), 9..2];
+        let err = store.get_ranges(&location, &inverted).await.unwrap_err();
+        assert!(err.to_string().contains("9..2"), "{err}");
         let missing = Path::from_filesystem_path(dir.path())
             .unwrap()
             .join("gone.bin");
