@@ -129,7 +129,14 @@ impl ObjectStore for CountingStore {
                 };
                 read.await
                     .map_err(|e| generic(Box::new(e)))?
-                    .map_err(|e| generic(format!("reading {location}: {e}").into()))?
+                    .map_err(|e| match e.kind() {
+                        // The same error the plain read gives a missing file.
+                        std::io::ErrorKind::NotFound => object_store::Error::NotFound {
+                            path: location.to_string(),
+                            source: Box::new(e),
+                        },
+                        _ => generic(format!("reading {location}: {e}").into()),
+                    })?
             }
         };
         let n: usize = out.iter().map(Bytes::len).sum();
@@ -210,6 +217,9 @@ mod tests {
             .await
             .unwrap_err()
             .to_string();
-        assert!(err.contains("gone.bin"), "{err}");
+        assert!(
+            err.contains("gone.bin") && err.contains("not found"),
+            "{err}"
+        );
     }
 }

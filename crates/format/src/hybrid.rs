@@ -289,7 +289,6 @@ fn var_slot(slots: &[u8], width: usize, at: usize, row: usize) -> (u64, u64) {
 
 /// The value of `row` in `heap` (which starts at heap offset `heap_base`),
 /// or an error naming the column if the slot points outside it.
-#[allow(clippy::too_many_arguments)]
 fn var_value<'h>(
     slots: &[u8],
     width: usize,
