@@ -257,6 +257,15 @@ pub struct DemoArgs {
 /// threads serves the devices' threads), the same query took 1.31M page
 /// faults over 5 runs instead of 2.19M (`perf stat -e page-faults insitu
 /// bench sql ... --runs 4`).
+///
+/// One arena, not two: glibc gives a second arena its memory in 64 MiB
+/// heaps and unmaps each heap as soon as it is empty, so an invocation
+/// sometimes spent its time creating and deleting heaps (5832 `munmap`
+/// calls and 22.2 s of CPU for 8 queries, against 119 and 14.0 s for the
+/// next invocation). Over three alternating invocations of `bench sql
+/// "select * from lineitem order by l_partkey" --runs 7 --threads 1`, one
+/// arena gave medians of 0.818-0.874 s and 13.3-14.2 s of CPU, two
+/// arenas 0.936-0.996 s and 14.7-16.0 s.
 fn keep_freed_memory() {
     let tuned = std::env::vars_os().any(|(k, _)| {
         let k = k.to_string_lossy();
@@ -269,7 +278,7 @@ fn keep_freed_memory() {
         unsafe {
             libc::mallopt(libc::M_MMAP_THRESHOLD, 32 << 20);
             libc::mallopt(libc::M_TRIM_THRESHOLD, i32::MAX);
-            libc::mallopt(libc::M_ARENA_MAX, 2);
+            libc::mallopt(libc::M_ARENA_MAX, 1);
         }
     }
     let _ = tuned;
