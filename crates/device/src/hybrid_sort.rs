@@ -419,11 +419,16 @@ impl HybridSortJob {
     }
 }
 
-/// Adds `base` to every heap offset in `slots` (whole rows of `width`).
+/// Adds `base` to every heap offset in `slots` (whole rows of `width`);
+/// values inline in their slots have none.
 fn rebase_heap_offsets(slots: &mut [u8], width: usize, layout_slots: &[RowSlot], base: u64) {
     for row in slots.chunks_exact_mut(width) {
         for s in layout_slots.iter().filter(|s| s.variable_length) {
             let at = s.offset_bytes as usize;
+            let len = u32::from_le_bytes(row[at + 8..at + 12].try_into().expect("4 bytes"));
+            if len <= s.inline_bytes_max {
+                continue;
+            }
             let off = u64::from_le_bytes(row[at..at + 8].try_into().expect("8 bytes"));
             row[at..at + 8].copy_from_slice(&(off + base).to_le_bytes());
         }

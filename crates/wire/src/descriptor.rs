@@ -117,6 +117,12 @@ pub struct RowSlot {
     /// 8-byte heap offset, then a 4-byte length, both little-endian).
     pub width_bytes: u32,
     pub variable_length: bool,
+    /// Variable-length values of at most this many bytes (at most 8) sit
+    /// in the slot's first 8 bytes instead of the heap, zero-padded: a
+    /// sorted read fetches them with the row, not from a random place in
+    /// the heap. 0 in files written before short values were inlined.
+    #[serde(default)]
+    pub inline_bytes_max: u32,
 }
 
 /// One block of rows (at most `row_group_rows_max`): its key batch and the
