@@ -253,10 +253,10 @@ pub struct DemoArgs {
 /// kernel page zeroing again for the batches the last one freed: perf
 /// showed half of an ORDER BY over lineitem SF1 in `clear_page_erms`.
 /// With blocks up to 32 MiB taken from the heap, freed heap memory kept
-/// (up to 2 GiB at its top) and two arenas (so memory freed by the host's
-/// threads serves the devices' threads), the same query took 1.31M page
-/// faults over 5 runs instead of 2.19M (`perf stat -e page-faults insitu
-/// bench sql ... --runs 4`).
+/// (up to 2 GiB at its top) and at most two arenas (so memory freed by the
+/// host's threads serves the devices' threads), the same query took 1.31M
+/// page faults over 5 runs instead of 2.19M (`perf stat -e page-faults
+/// insitu bench sql ... --runs 4`).
 ///
 /// One arena, not two: glibc gives a second arena its memory in 64 MiB
 /// heaps and unmaps each heap as soon as it is empty, so an invocation
