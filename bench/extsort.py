@@ -10,8 +10,11 @@ that `insitu extsort --explain --reprobe` measures at the start of each rep
 (untimed; the timed insitu runs reuse those rates from insitu's cache, as
 any sort does within an hour of the last probe of the device), and the
 model's predicted phase times next to the measured ones (paper 001, Table
-IV style). Page cache is dropped before every run when this process may
-(root), so every engine reads its input from storage.
+IV style). The probe also measures C, the bytes per second read and written
+in all while reading and writing at once; where the storage shares one
+channel between them, max(2N/R, 2N/W, 4N/C) is the floor it allows. Page
+cache is dropped before every run when this process may (root), so every
+engine reads its input from storage.
 
 insitu's probe reads back 128 MiB it has just written, and on a virtual
 disk that read can come from the disk's own cache: its read rate swung
@@ -80,11 +83,12 @@ def insitu_run(args, inp, out, tmp, codec="auto"):
 
 
 def probe_storage(args, inp, out, tmp):
-    """Storage rates (read, write) in MB/s, measured now and cached."""
+    """Storage rates (read, write, both at once) in MB/s, measured now and cached."""
     text = subprocess.run([args.insitu, "extsort", inp, out, "--mem", f"{args.mem_mib}MiB", "--tmp", tmp,
                            "--explain", "--reprobe"], check=True, capture_output=True, text=True).stdout
-    m = re.search(r"measured: read (\d+) MB/s, write (\d+) MB/s \(probed now\)", text)
-    return float(m.group(1)), float(m.group(2))
+    m = re.search(r"measured: read (\d+) MB/s, write (\d+) MB/s, (\d+) MB/s read and written at once "
+                  r"\(probed now\)", text)
+    return float(m.group(1)), float(m.group(2)), float(m.group(3))
 
 
 # Bytes the sustained-rate measurement reads and writes, and its request.
@@ -218,6 +222,8 @@ def main() -> int:
     r = statistics.median(p[0] for p in probes) * 1e6
     w = statistics.median(p[1] for p in probes) * 1e6
     floor = max(2 * n / r, 2 * n / w)
+    mixed = statistics.median(p[2] for p in probes) * 1e6
+    floor_mixed = max(floor, 4 * n / mixed)
     rs = statistics.median(p[0] for p in sustained) * 1e6
     ws = statistics.median(p[1] for p in sustained) * 1e6
     floor_s = max(2 * n / rs, 2 * n / ws)
@@ -226,7 +232,8 @@ def main() -> int:
     print()
     print(f"page cache dropped before each run: {'yes' if dropped else 'no (not root)'}")
     print(f"storage measured by insitu at the start of each rep: read R = {r / 1e6:.0f} MB/s, "
-          f"write W = {w / 1e6:.0f} MB/s (medians of {', '.join(f'{a:.0f}/{b:.0f}' for a, b in probes)})")
+          f"write W = {w / 1e6:.0f} MB/s, reading and writing at once C = {mixed / 1e6:.0f} MB/s in all "
+          f"(medians of {', '.join(f'{a:.0f}/{b:.0f}/{c:.0f}' for a, b, c in probes)})")
     print(f"storage sustained over {min(n, SUSTAINED_BYTES_MAX) / 2**30:.1f} GiB at the start of each rep "
           f"(direct I/O, 8 MiB requests): read R = {rs / 1e6:.0f} MB/s, write W = {ws / 1e6:.0f} MB/s "
           f"(medians of {', '.join(f'{a:.0f}/{b:.0f}' for a, b in sustained)})")
@@ -242,6 +249,8 @@ def main() -> int:
     share = lambda secs: f"{100 * floor / secs:.0f}% | {100 * floor_s / secs:.0f}%"
     print(f"| I/O floor max(2N/R, 2N/W), insitu's probe | {floor:.2f} | {n / floor / 1e6:.0f} | | {share(floor)} |")
     print(f"| I/O floor max(2N/R, 2N/W), sustained rates | {floor_s:.2f} | {n / floor_s / 1e6:.0f} | | {share(floor_s)} |")
+    print(f"| I/O floor with reads and writes sharing the storage, max(2N/R, 2N/W, 4N/C), insitu's probe "
+          f"| {floor_mixed:.2f} | {n / floor_mixed / 1e6:.0f} | | {share(floor_mixed)} |")
     # On one device reads and writes take turns: each phase of a sort with
     # plain runs reads and writes N bytes, one after the other.
     turns = 2 * n / rs + 2 * n / ws

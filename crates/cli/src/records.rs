@@ -156,13 +156,15 @@ fn print_plan(p: &Plan) {
         ),
     };
     println!(
-        "measured: read {}, write {} ({storage}), in-memory sort {} ({} sample; {} at M), 2-way merge {} ({} at l)",
+        "measured: read {}, write {}, {} read and written at once ({storage}), in-memory sort {} ({} sample; {} at M), merge {} 2-way, {} 16-way ({} at l)",
         mb(p.rates.read),
         mb(p.rates.write),
+        mb(p.rates.mixed),
         mb(p.rates.sort),
         human_bytes(p.rates.sort_sample_bytes),
         mb(sort_at_m),
         mb(p.rates.merge2),
+        mb(p.rates.merge16),
         mb(p.rates.merge(p.fan_in)),
     );
     println!(
@@ -203,11 +205,12 @@ fn print_plan(p: &Plan) {
         codec(RunCodec::Snappy),
     );
     println!(
-        "predicted: sort phase {:.2} s, merge phase {:.2} s, total {:.2} s (I/O floor {:.2} s)",
+        "predicted: sort phase {:.2} s, merge phase {:.2} s, total {:.2} s (I/O floor {:.2} s; {:.2} s with reads and writes sharing the storage)",
         p.predicted_sort_secs,
         p.predicted_merge_secs,
         p.predicted_total_secs(),
-        p.io_floor_secs()
+        p.io_floor_secs(),
+        p.shared_io_floor_secs()
     );
 }
 

@@ -7,15 +7,34 @@
 //!   sort phase   t1 = N / min(β_read, β_sort(M), β_write)                 (eq. 4)
 //!                β_sort(M) = β_sample · ⌈log_256(S/n)⌉ / ⌈log_256(M/n)⌉      (eq. 3)
 //!   merge phase  t2 = ⌈log_l(N/M)⌉ · N / min(β_read, β_merge(l), β_write)   (eq. 6)
-//!                β_merge(l) = β_merge2 / log2(l)
+//!                1/β_merge(l) = 1/β_merge2 + (1/β_merge16 - 1/β_merge2) · (log2(l) - 1) / 3
 //! ```
 //!
 //! Reads, sorting and writes overlap (double buffering), so each phase
 //! runs at its slowest part. The sort kernel is a radix sort: its passes
 //! over a run grow like the paper's merge-tree passes, with 256-way digits
-//! and n-record blocks finished in cache (eq. 3's l1 = 256). β_sample and
-//! β_merge2 are this machine's rates, measured at start on a sample of S
-//! bytes; the paper's FPGA kernels had fixed ones.
+//! and n-record blocks finished in cache (eq. 3's l1 = 256). β_sample,
+//! β_merge2 and β_merge16 are this machine's rates, measured at start on a
+//! sample of S bytes; the paper's FPGA kernels had fixed ones. A loser
+//! tree's cost per record is a copy plus one comparison per level, so the
+//! merge's time per byte is linear in the tree's depth log2(l), through
+//! the 2-way and 16-way merges of the sample by the sort's own loser tree.
+//! (Dividing one 2-way rate by log2(l) predicted 808 MB/s at l = 10 where
+//! the merge ran at over 1.6 GB/s of CPU.)
+//!
+//! Reads and writes also share the storage: while a phase reads and
+//! writes at once, together they move at most β_mixed bytes per second
+//! (measured by the probe, [`crate::io::Bandwidth::mixed`]). So a phase
+//! that reads R and writes W bytes takes at least
+//!
+//! ```text
+//!   max(R / β_read, W / β_write, (R + W) / β_mixed)
+//! ```
+//!
+//! Paper 001's storage kept reads and writes apart (β_mixed = β_read +
+//! β_write, and the third term never binds). This machine's virtual disk
+//! does not: its sort phase, 4.3 GB in and 3.9 GB out, took 3.6-3.9 s
+//! where the first two terms alone predicted 2.65 s.
 //!
 //! Compressed runs ([`crate::codec`]: ratio ρ, per-thread compress and
 //! decompress rates κ and δ, T threads) change the parts. The sort phase
@@ -88,9 +107,13 @@ pub struct Rates {
     /// `sort_sample_bytes`.
     pub sort: f64,
     pub sort_sample_bytes: u64,
-    /// Merge CPU rate for a 2-way merge; l-way costs log2(l) times more
-    /// comparisons per record.
+    /// Bytes read plus bytes written per second while reading and
+    /// writing at once (`f64::INFINITY`: no shared limit).
+    pub mixed: f64,
+    /// Merge CPU rates through the loser tree at fan-in 2 and 16; other
+    /// fan-ins lie on the line through them in the tree's depth.
     pub merge2: f64,
+    pub merge16: f64,
     /// Threads the sort and the compression use.
     pub threads: u32,
     /// The codecs on a sample of the input, per thread.
@@ -107,8 +130,21 @@ impl Rates {
         }
     }
 
+    /// Merge CPU rate at `fan_in` (β_merge(l) in the module doc). A
+    /// 16-way rate measured above the 2-way one counts as the 2-way one.
     pub fn merge(&self, fan_in: u64) -> f64 {
-        self.merge2 / (fan_in.max(2) as f64).log2()
+        let depth = (fan_in.max(2) as f64).log2();
+        let per_byte_2 = 1.0 / self.merge2;
+        let per_byte_16 = (1.0 / self.merge16).max(per_byte_2);
+        1.0 / (per_byte_2 + (per_byte_16 - per_byte_2) * (depth - 1.0) / 3.0)
+    }
+
+    /// Seconds to read `read` and write `written` bytes with both streams
+    /// overlapped: the slower stream, or their sum at the shared rate.
+    fn io_secs(&self, read: f64, written: f64) -> f64 {
+        (read / self.read)
+            .max(written / self.write)
+            .max((read + written) / self.mixed)
     }
 
     /// In-memory sort rate for runs of `run_bytes` (eq. 3).
@@ -156,6 +192,14 @@ impl Plan {
     pub fn io_floor_secs(&self) -> f64 {
         let n = self.input_bytes as f64;
         (2.0 * n / self.rates.read).max(2.0 * n / self.rates.write)
+    }
+
+    /// The I/O floor where reads and writes share the storage: every byte
+    /// read and written twice, at most [`Rates::mixed`] bytes per second
+    /// in all (and no faster than [`Plan::io_floor_secs`]).
+    pub fn shared_io_floor_secs(&self) -> f64 {
+        let n = self.input_bytes as f64;
+        self.rates.io_secs(2.0 * n, 2.0 * n)
     }
 
     pub fn predicted_total_secs(&self) -> f64 {
@@ -553,23 +597,19 @@ fn phase_secs(
     };
     let (compress, decompress) = (1.0 / c.compress, 1.0 / c.decompress);
     let sort_cpu = n / rates.sort(run_bytes, record_size) + stored * compress;
-    let t1 = slowest(&[n / rates.read, sort_cpu, stored / (c.ratio * rates.write)]);
+    let t1 = slowest(&[sort_cpu, rates.io_secs(n, stored / c.ratio)]);
     let merge = rates.merge(fan_in);
     // A pass reading `from_disk` of the n bytes from runs (the rest from
     // memory) and writing a run or OUT.
     let pass_secs = |writes_run: bool, from_disk: f64| {
-        let (out_compress, write) = if writes_run {
-            (compress, c.ratio * rates.write)
+        let (out_compress, out_ratio) = if writes_run {
+            (compress, c.ratio)
         } else {
-            (0.0, rates.write)
+            (0.0, 1.0)
         };
         let all_threads = (n / merge + from_disk * decompress + n * out_compress) / threads;
-        slowest(&[
-            from_disk / (c.ratio * rates.read),
-            n / merge,
-            all_threads,
-            n / write,
-        ])
+        let io = rates.io_secs(from_disk / c.ratio, n / out_ratio);
+        slowest(&[io, n / merge, all_threads])
     };
     let t2 = if merge_passes == 0 {
         0.0
@@ -588,7 +628,9 @@ mod tests {
         write: 5e8,
         sort: 4e8,
         sort_sample_bytes: 2 << 20,
+        mixed: f64::INFINITY,
         merge2: 2e9,
+        merge16: 5e8,
         threads: 2,
         lz4: CodecRate::NONE,
         snappy: CodecRate::NONE,
@@ -793,6 +835,7 @@ mod tests {
             write: 4e9,
             sort: 8e9,
             merge2: 2e10,
+            merge16: 5e9,
             ..RATES
         };
         let p = plan(4 * gib, 100, gib, fast, NONE).unwrap();
@@ -810,6 +853,78 @@ mod tests {
         assert!(keeps_last_run(64 * mib, 40 * mib, 100, 4, PLAIN));
         assert!(!keeps_last_run(64 * mib, 40 * mib, 100, 60, PLAIN));
         assert!(!keeps_last_run(64 * mib, 70 * mib, 100, 2, PLAIN));
+    }
+
+    #[test]
+    fn merge_rates_lie_on_the_line_through_the_measured_fan_ins() {
+        let rates = Rates {
+            merge2: 4e9,
+            merge16: 1e9,
+            ..RATES
+        };
+        let close = |a: f64, b: f64| (a - b).abs() < 1e-3 * b;
+        assert!(close(rates.merge(2), 4e9) && close(rates.merge(16), 1e9));
+        // Fan-in 4, one level of three past 2: a third of the way in
+        // seconds per byte.
+        let per_byte = 1.0 / 4e9 + (1.0 / 1e9 - 1.0 / 4e9) / 3.0;
+        assert!(close(rates.merge(4), 1.0 / per_byte));
+        // Fan-ins past 16 extend the line; fan-in 1 merges like 2.
+        assert!(rates.merge(64) < rates.merge(16) && close(rates.merge(1), 4e9));
+        // A 16-way sample that came out faster than the 2-way one (noise)
+        // does not make wide merges faster than narrow ones.
+        let noisy = Rates {
+            merge2: 1e9,
+            merge16: 3e9,
+            ..RATES
+        };
+        assert!(close(noisy.merge(16), 1e9) && close(noisy.merge(2), 1e9));
+    }
+
+    /// Storage whose reads and writes share one channel: each phase moves
+    /// its reads and writes at the mixed rate, and compression, which
+    /// does not pay on separate channels, pays there.
+    #[test]
+    fn reads_and_writes_sharing_the_storage_take_turns_in_the_prediction() {
+        let gib = 1u64 << 30;
+        let n = 4 * gib;
+        let codec = CodecRate {
+            compress: 1e9,
+            decompress: 4e9,
+            ratio: 2.6,
+        };
+        let separate = Rates {
+            read: 8e9,
+            write: 4e9,
+            sort: 2e9,
+            lz4: codec,
+            ..RATES
+        };
+        let shared = Rates {
+            mixed: 1e9,
+            ..separate
+        };
+        let apart = plan(n, 100, gib, separate, CodecChoice::Auto).unwrap();
+        assert_eq!(apart.run_codec, RunCodec::None, "{apart:?}");
+        let plain = plan(n, 100, gib, shared, NONE).unwrap();
+        assert_eq!(
+            (plain.run_bytes, plain.fan_in, plain.last_run_in_memory),
+            (apart.run_bytes, apart.fan_in, true),
+            "{plain:?}"
+        );
+        let stored = (n - plain.run_bytes) as f64;
+        let close = |a: f64, b: f64| (a - b).abs() < 1e-6 * b;
+        // Sort phase: N read and N - K written; merge: N - K read, N written.
+        let io = (n as f64 + stored) / shared.mixed;
+        assert!(close(plain.predicted_sort_secs, io), "{plain:?}");
+        assert!(close(plain.predicted_merge_secs, io), "{plain:?}");
+        assert!(apart.predicted_total_secs() < plain.predicted_total_secs());
+        let auto = plan(n, 100, gib, shared, CodecChoice::Auto).unwrap();
+        assert_eq!(auto.run_codec, RunCodec::Lz4, "{auto:?}");
+        assert!(auto.predicted_total_secs() < plain.predicted_total_secs());
+        // The floors: separate channels, and one shared.
+        assert!(close(plain.io_floor_secs(), 2.0 * n as f64 / 4e9));
+        assert!(close(plain.shared_io_floor_secs(), 4.0 * n as f64 / 1e9));
+        assert!(close(apart.shared_io_floor_secs(), apart.io_floor_secs()));
     }
 
     #[test]

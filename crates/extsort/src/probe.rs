@@ -3,25 +3,27 @@
 //! device.
 //!
 //! ```text
-//!  run dir ──st_dev──▶ cache line "dev read write at probe_bytes" younger
+//!  run dir ──st_dev──▶ cache line "dev read write mixed at probe_bytes" younger
 //!                      than storage_rates_age_max, from a probe at least
 //!                      this sort's size? ──yes──▶ reuse
 //!                                  │ no (or --reprobe)
 //!                                  ▼
-//!                      probe (write, fsync, read probe_bytes) ──▶ rewrite
+//!                      probe (write, fsync, read, then read and write at
+//!                      once, probe_bytes each) ──▶ rewrite
 //!                      the cache: temp file, fsync, rename
 //! ```
 //!
-//! The probe writes and reads up to 128 MiB, a tenth to a fifth of a
-//! second per sort here; the rates only steer the plan (run size, fan-in,
+//! The probe writes and reads up to 128 MiB twice, a fifth to a third of
+//! a second per sort here; the rates only steer the plan (run size, fan-in,
 //! codec), never the result, so a rate an hour old is as good a guide as a
 //! fresh one on a disk whose rates swing between runs anyway. A cache that
-//! cannot be read or written is ignored (and the rates measured).
+//! cannot be read or written is ignored (and the rates measured), and so
+//! is a line in an older format (without the mixed rate).
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use crate::io::{io_err, measure_bandwidth, AtomicFile};
+use crate::io::{io_err, measure_bandwidth, AtomicFile, Bandwidth};
 use crate::Result;
 
 /// Oldest cached rates a sort reuses (`storage_rates_age_max`).
@@ -35,6 +37,9 @@ const CACHED_DEVICES_MAX: usize = 64;
 pub struct StorageRates {
     pub read: f64,
     pub write: f64,
+    /// Read plus written while reading and writing at once
+    /// ([`crate::io::Bandwidth::mixed`]).
+    pub mixed: f64,
     /// How long ago the cached rates were measured; `None` if just now.
     pub cached_age: Option<Duration>,
 }
@@ -53,10 +58,12 @@ pub fn default_cache_path() -> Option<PathBuf> {
 /// the same device within [`STORAGE_RATES_AGE_MAX`] with a probe of at
 /// least `probe_bytes` (a small sort's small probe does not stand for a
 /// large one's) and `reprobe` is false; else measured with `probe_bytes`
-/// (and cached).
+/// (and cached), its buffers within `buffer_bytes_max` where requests of
+/// 1 MiB allow it ([`measure_bandwidth`]).
 pub fn storage_rates(
     dir: &Path,
     probe_bytes: u64,
+    buffer_bytes_max: usize,
     cache: Option<&Path>,
     reprobe: bool,
 ) -> Result<StorageRates> {
@@ -67,12 +74,13 @@ pub fn storage_rates(
             return Ok(found);
         }
     }
-    let (read, write) = measure_bandwidth(dir, probe_bytes)?;
+    let Bandwidth { read, write, mixed } = measure_bandwidth(dir, probe_bytes, buffer_bytes_max)?;
     if let Some(cache) = cache {
         let entry = Entry {
             device,
             read,
             write,
+            mixed,
             at_unix_secs: now.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs()),
             probe_bytes,
         };
@@ -83,6 +91,7 @@ pub fn storage_rates(
     Ok(StorageRates {
         read,
         write,
+        mixed,
         cached_age: None,
     })
 }
@@ -92,13 +101,14 @@ fn device_of(dir: &Path) -> Result<u64> {
     Ok(std::fs::metadata(dir).map_err(io_err(dir))?.dev())
 }
 
-/// One cache line: device, read and write rates, when measured, and
-/// with how many bytes.
+/// One cache line: device, read, write and mixed rates, when measured,
+/// and with how many bytes.
 #[derive(Debug, Clone, Copy, PartialEq)]
 struct Entry {
     device: u64,
     read: f64,
     write: f64,
+    mixed: f64,
     at_unix_secs: u64,
     probe_bytes: u64,
 }
@@ -110,17 +120,21 @@ impl Entry {
             device: fields.next()?.parse().ok()?,
             read: fields.next()?.parse().ok()?,
             write: fields.next()?.parse().ok()?,
+            mixed: fields.next()?.parse().ok()?,
             at_unix_secs: fields.next()?.parse().ok()?,
             probe_bytes: fields.next()?.parse().ok()?,
         };
         let rate_ok = |r: f64| r.is_finite() && r > 0.0;
-        (fields.next().is_none() && rate_ok(entry.read) && rate_ok(entry.write)).then_some(entry)
+        let rates_ok = [entry.read, entry.write, entry.mixed]
+            .into_iter()
+            .all(rate_ok);
+        (fields.next().is_none() && rates_ok).then_some(entry)
     }
 
     fn line(&self) -> String {
         format!(
-            "{} {:.0} {:.0} {} {}\n",
-            self.device, self.read, self.write, self.at_unix_secs, self.probe_bytes
+            "{} {:.0} {:.0} {:.0} {} {}\n",
+            self.device, self.read, self.write, self.mixed, self.at_unix_secs, self.probe_bytes
         )
     }
 
@@ -154,6 +168,7 @@ fn read_cache(
     Some(StorageRates {
         read: entry.read,
         write: entry.write,
+        mixed: entry.mixed,
         cached_age: Some(age),
     })
 }
@@ -182,7 +197,7 @@ mod tests {
     use super::*;
 
     fn measured(dir: &Path, cache: &Path, reprobe: bool) -> StorageRates {
-        storage_rates(dir, 4 << 20, Some(cache), reprobe).unwrap()
+        storage_rates(dir, 4 << 20, 4 << 20, Some(cache), reprobe).unwrap()
     }
 
     #[test]
@@ -191,11 +206,11 @@ mod tests {
         let cache = dir.path().join("cache").join("storage-rates");
         let first = measured(dir.path(), &cache, false);
         assert_eq!(first.cached_age, None);
-        assert!(first.read > 0.0 && first.write > 0.0);
+        assert!(first.read > 0.0 && first.write > 0.0 && first.mixed > 0.0);
         let again = measured(dir.path(), &cache, false);
         assert_eq!(
-            (again.read, again.write),
-            (first.read.round(), first.write.round())
+            (again.read, again.write, again.mixed),
+            (first.read.round(), first.write.round(), first.mixed.round())
         );
         assert!(again.cached_age.is_some());
         // The probe's rates never repeat to the byte per second: a second
@@ -203,7 +218,7 @@ mod tests {
         let text = std::fs::read_to_string(&cache).unwrap();
         assert_eq!(text.lines().count(), 1, "{text}");
         // A larger sort's probe is not stood for by a smaller one's.
-        let larger = storage_rates(dir.path(), 8 << 20, Some(&cache), false).unwrap();
+        let larger = storage_rates(dir.path(), 8 << 20, 4 << 20, Some(&cache), false).unwrap();
         assert_eq!(larger.cached_age, None);
         let smaller = measured(dir.path(), &cache, false);
         assert!(smaller.cached_age.is_some());
@@ -225,25 +240,31 @@ mod tests {
         let secs = now.duration_since(UNIX_EPOCH).unwrap().as_secs();
         let old = secs - STORAGE_RATES_AGE_MAX.as_secs() - 1;
         let lines = [
-            format!("{device} 1000 2000 {old} 64"),
-            format!("{device} 1000 2000 {} 64", secs + 3600),
-            format!("{device} 1000 2000 {} 64", u64::MAX),
-            format!("{device} NaN 2000 {secs} 64"),
-            format!("{device} 0 2000 {secs} 64"),
-            format!("{device} 1000 2000 {secs}"),
-            format!("{device} 1000 2000 {secs} 63"),
-            format!("{device} 1000 2000 {secs} 64 extra"),
-            format!("{} 1000 2000 {secs} 64", device.wrapping_add(1)),
+            format!("{device} 1000 2000 1500 {old} 64"),
+            format!("{device} 1000 2000 1500 {} 64", secs + 3600),
+            format!("{device} 1000 2000 1500 {} 64", u64::MAX),
+            format!("{device} NaN 2000 1500 {secs} 64"),
+            format!("{device} 0 2000 1500 {secs} 64"),
+            format!("{device} 1000 2000 -1 {secs} 64"),
+            format!("{device} 1000 2000 1500 {secs}"),
+            format!("{device} 1000 2000 1500 {secs} 63"),
+            format!("{device} 1000 2000 1500 {secs} 64 extra"),
+            format!("{} 1000 2000 1500 {secs} 64", device.wrapping_add(1)),
+            // The older format, without the mixed rate.
+            format!("{device} 1000 2000 {secs} 64"),
             "garbage".to_string(),
         ];
         for line in &lines {
             std::fs::write(&cache, format!("{line}\n")).unwrap();
             assert_eq!(read_cache(&cache, device, 64, now), None, "{line}");
         }
-        let fresh = format!("{device} 1000 2000 {} 128\n", secs - 60);
+        let fresh = format!("{device} 1000 2000 1500 {} 128\n", secs - 60);
         std::fs::write(&cache, format!("garbage\n{fresh}")).unwrap();
         let found = read_cache(&cache, device, 64, now).unwrap();
-        assert_eq!((found.read, found.write), (1000.0, 2000.0));
+        assert_eq!(
+            (found.read, found.write, found.mixed),
+            (1000.0, 2000.0, 1500.0)
+        );
         assert!(
             found.cached_age >= Some(Duration::from_secs(60)),
             "{found:?}"
@@ -259,13 +280,14 @@ mod tests {
         let stale = secs - STORAGE_RATES_AGE_MAX.as_secs() - 1;
         std::fs::write(
             &cache,
-            format!("7 1 2 {secs} 1\n8 1 2 {stale} 1\n9 5 6 {secs} 1\n"),
+            format!("7 1 2 3 {secs} 1\n8 1 2 3 {stale} 1\n9 5 6 7 {secs} 1\n"),
         )
         .unwrap();
         let entry = Entry {
             device: 9,
             read: 3e9,
             write: 4e9,
+            mixed: 5e9,
             at_unix_secs: secs,
             probe_bytes: 1,
         };
@@ -273,7 +295,10 @@ mod tests {
         let entries = read_entries(&cache);
         let devices: Vec<u64> = entries.iter().map(|e| e.device).collect();
         assert_eq!(devices, vec![7, 9]);
-        assert_eq!((entries[1].read, entries[1].write), (3e9, 4e9));
+        assert_eq!(
+            (entries[1].read, entries[1].write, entries[1].mixed),
+            (3e9, 4e9, 5e9)
+        );
     }
 
     #[test]

@@ -97,21 +97,24 @@ pub fn plan_sort(input: &Path, output: &Path, options: &ExtsortOptions) -> Resul
     std::fs::create_dir_all(&tmp).map_err(io_err(&tmp))?;
     let probe = len.clamp(16 << 20, PROBE_BYTES_MAX);
     let cache = options.storage_rates_cache.as_deref();
-    let storage = storage_rates(&tmp, probe, cache, options.reprobe)?;
-    let (read, write) = (storage.read, storage.write);
+    // The probe runs before the sort holds anything: half the budget.
+    let probe_buffers = (options.mem_bytes / 2).try_into().unwrap_or(usize::MAX);
+    let storage = storage_rates(&tmp, probe, probe_buffers, cache, options.reprobe)?;
     let sample = (options.mem_bytes / 4).min(8 << 20);
-    let (sort, merge2) = measure_cpu(options, sample);
+    let cpu = measure_cpu(options, sample);
     let (lz4, snappy) = measure_codecs(input, len, options)?;
     let mut plan = plan(
         len,
         options.record_size as u64,
         options.mem_bytes,
         Rates {
-            read,
-            write,
-            sort,
+            read: storage.read,
+            write: storage.write,
+            mixed: storage.mixed,
+            sort: cpu.sort,
             sort_sample_bytes: sample,
-            merge2,
+            merge2: cpu.merge2,
+            merge16: cpu.merge16,
             threads: options.threads.max(1) as u32,
             lz4,
             snappy,
@@ -166,14 +169,16 @@ fn tmp_dir(output: &Path, options: &ExtsortOptions) -> PathBuf {
 const CPU_SAMPLES: usize = 3;
 
 /// Sort and merge rates of this machine on `bytes` of synthetic records:
-/// the best of [`CPU_SAMPLES`] samples each.
-fn measure_cpu(options: &ExtsortOptions, bytes: u64) -> (f64, f64) {
+/// the best of [`CPU_SAMPLES`] samples each. The merge rates are the
+/// loser tree's at fan-in 2 and 16 ([`Rates::merge`]).
+fn measure_cpu(options: &ExtsortOptions, bytes: u64) -> CpuRates {
     let r = options.record_size;
-    let n = (bytes as usize / r).max(2);
+    let k = options.key_size;
+    let n = (bytes as usize / r).max(64);
     let mut x = 0x2545_F491_4F6C_DD1Du64;
     let mut data = vec![0u8; n * r];
     for rec in data.chunks_exact_mut(r) {
-        for b in rec[..options.key_size].iter_mut() {
+        for b in rec[..k].iter_mut() {
             x ^= x << 13;
             x ^= x >> 7;
             x ^= x << 17;
@@ -181,37 +186,129 @@ fn measure_cpu(options: &ExtsortOptions, bytes: u64) -> (f64, f64) {
         }
     }
     let mut out = Vec::with_capacity(data.len());
-    let (mut sort, mut merge2) = (0f64, 0f64);
+    let mut rates = CpuRates::default();
+    // Half the sample, so the sample, its sorted copy and the runs to
+    // merge (twice half) stay within `mem`: the sample is a quarter of it.
+    let merge_sample = &data[..n / 2 * r];
+    let sorted_parts = |parts: usize| -> Vec<Vec<u8>> {
+        merge_sample
+            .chunks((n / 2 / parts).max(1) * r)
+            .map(|part| {
+                let mut sorted = vec![];
+                gather_records(part, r, &sort_chunk(part, r, k, 1), &mut sorted, 1);
+                sorted
+            })
+            .collect()
+    };
+    let (two, sixteen) = (sorted_parts(2), sorted_parts(16));
+    let best = |rate: &mut f64, bytes: usize, start: Instant| {
+        *rate = rate.max(bytes as f64 / start.elapsed().as_secs_f64());
+    };
     for _ in 0..CPU_SAMPLES {
         let start = Instant::now();
-        let sorted = sort_chunk(&data, r, options.key_size, options.threads);
+        let sorted = sort_chunk(&data, r, k, options.threads);
         gather_records(&data, r, &sorted, &mut out, options.threads);
-        sort = sort.max(data.len() as f64 / start.elapsed().as_secs_f64());
-        // A 2-way merge of the two sorted halves.
-        let (a, b) = out.split_at(n / 2 * r);
+        best(&mut rates.sort, data.len(), start);
         let start = Instant::now();
-        let merged = merge_slices(a, b, r, options.key_size);
-        merge2 = merge2.max(merged as f64 / start.elapsed().as_secs_f64());
+        let merged = merge_in_memory(&two, r, k, &mut out);
+        best(&mut rates.merge2, merged, start);
+        let start = Instant::now();
+        let merged = merge_in_memory(&sixteen, r, k, &mut out);
+        best(&mut rates.merge16, merged, start);
     }
-    (sort, merge2)
+    rates
 }
 
-fn merge_slices(a: &[u8], b: &[u8], r: usize, k: usize) -> usize {
-    let mut out = Vec::with_capacity(a.len() + b.len());
-    let (mut i, mut j) = (0, 0);
-    while i < a.len() && j < b.len() {
-        if b[j..j + k] < a[i..i + k] {
-            out.extend_from_slice(&b[j..j + r]);
-            j += r;
-        } else {
-            out.extend_from_slice(&a[i..i + r]);
-            i += r;
-        }
+/// This machine's rates for the model, bytes per second.
+#[derive(Debug, Clone, Copy, Default)]
+struct CpuRates {
+    sort: f64,
+    merge2: f64,
+    merge16: f64,
+}
+
+/// Merges the sorted `runs` into `out` through the loser tree the merge
+/// phase uses, with the same key comparison; returns the bytes merged.
+fn merge_in_memory(runs: &[Vec<u8>], r: usize, k: usize, out: &mut Vec<u8>) -> usize {
+    out.clear();
+    let cursors = runs.iter().map(|run| SliceCursor::new(run, r, k)).collect();
+    let mut tree = LoserTree::new(cursors);
+    while let Some(w) = tree.winner() {
+        out.extend_from_slice(tree.cursor(w).current());
+        tree.cursor_mut(w).advance();
+        tree.replay();
     }
-    out.extend_from_slice(&a[i..]);
-    out.extend_from_slice(&b[j..]);
     std::hint::black_box(&out);
     out.len()
+}
+
+/// A sorted run in memory, merged as a [`RunCursor`] is.
+struct SliceCursor<'a> {
+    records: &'a [u8],
+    at: usize,
+    record: usize,
+    key: usize,
+    prefix: u128,
+}
+
+impl<'a> SliceCursor<'a> {
+    fn new(records: &'a [u8], record: usize, key: usize) -> Self {
+        let mut cursor = Self {
+            records,
+            at: 0,
+            record,
+            key,
+            prefix: 0,
+        };
+        cursor.prefix = key_prefix(records, 0, key);
+        cursor
+    }
+
+    fn current(&self) -> &[u8] {
+        &self.records[self.at..self.at + self.record]
+    }
+
+    fn advance(&mut self) {
+        self.at += self.record;
+        self.prefix = key_prefix(self.records, self.at, self.key);
+    }
+}
+
+impl MergeCursor for SliceCursor<'_> {
+    fn is_done(&self) -> bool {
+        self.at >= self.records.len()
+    }
+
+    #[inline]
+    fn less_than(&self, other: &Self) -> bool {
+        key_less(
+            (self.prefix, &self.records[self.at..]),
+            (other.prefix, &other.records[other.at..]),
+            self.key,
+        )
+    }
+}
+
+/// The first [`PREFIX_BYTES`] bytes of the key of the record at `at` of
+/// `records`, big-endian and zero-padded (0 past the end).
+#[inline]
+fn key_prefix(records: &[u8], at: usize, key: usize) -> u128 {
+    let Some(key) = records.get(at..at + key.min(PREFIX_BYTES)) else {
+        return 0;
+    };
+    let mut bytes = [0u8; PREFIX_BYTES];
+    bytes[..key.len()].copy_from_slice(key);
+    u128::from_be_bytes(bytes)
+}
+
+/// Whether record `a` sorts before record `b` by their `key`-byte keys,
+/// given each key's prefix ([`key_prefix`]) and the record's bytes on.
+#[inline]
+fn key_less(a: (u128, &[u8]), b: (u128, &[u8]), key: usize) -> bool {
+    if a.0 != b.0 || key <= PREFIX_BYTES {
+        return a.0 < b.0;
+    }
+    a.1[..key] < b.1[..key]
 }
 
 /// The record order of `chunk` by key: radix on the first 16 key bytes
@@ -501,10 +598,7 @@ impl RunCursor {
 
     fn load_prefix(&mut self) {
         if self.at < self.block.len() {
-            let key = &self.block[self.at..self.at + self.key.min(PREFIX_BYTES)];
-            let mut bytes = [0u8; PREFIX_BYTES];
-            bytes[..key.len()].copy_from_slice(key);
-            self.prefix = u128::from_be_bytes(bytes);
+            self.prefix = key_prefix(&self.block, self.at, self.key);
         }
     }
 
@@ -532,10 +626,11 @@ impl MergeCursor for RunCursor {
 
     #[inline]
     fn less_than(&self, other: &Self) -> bool {
-        if self.prefix != other.prefix || self.key <= PREFIX_BYTES {
-            return self.prefix < other.prefix;
-        }
-        self.block[self.at..self.at + self.key] < other.block[other.at..other.at + other.key]
+        key_less(
+            (self.prefix, &self.block[self.at..]),
+            (other.prefix, &other.block[other.at..]),
+            self.key,
+        )
     }
 }
 
@@ -629,4 +724,56 @@ pub fn check_request(input: &Path, output: &Path) -> Result<()> {
         ));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Records of `r` bytes with `k`-byte keys of few distinct values
+    /// (duplicates; keys past 16 bytes share their prefix, so the tail
+    /// decides), each payload its record number (stability shows).
+    fn records(n: usize, r: usize, k: usize, seed: u64) -> Vec<u8> {
+        let mut x = seed | 1;
+        let mut data = vec![0u8; n * r];
+        for (i, rec) in data.chunks_exact_mut(r).enumerate() {
+            for (j, b) in rec[..k].iter_mut().enumerate() {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                *b = if j < 16 && k > 16 { 7 } else { (x % 3) as u8 };
+            }
+            let tail = &mut rec[k..];
+            let len = tail.len().min(8);
+            tail[..len].copy_from_slice(&(i as u64).to_le_bytes()[..len]);
+        }
+        data
+    }
+
+    /// The calibration merge orders records as the merge phase does: by
+    /// the whole key, past the 16-byte prefix too, and stably (ties keep
+    /// run order), so its rate is the merge phase's work.
+    #[test]
+    fn merge_in_memory_orders_runs_by_their_whole_keys() {
+        for (r, k) in [(100, 10), (40, 24)] {
+            for runs in [1, 2, 7, 16] {
+                for n in [0, 1, 2, 7, 49, 50, 51, 1000] {
+                    let data = records(n, r, k, (n * runs + k) as u64);
+                    let parts: Vec<Vec<u8>> = data
+                        .chunks((n.div_ceil(runs)).max(1) * r)
+                        .map(|part| {
+                            let mut sorted = vec![];
+                            gather_records(part, r, &sort_chunk(part, r, k, 1), &mut sorted, 1);
+                            sorted
+                        })
+                        .collect();
+                    let mut out = vec![];
+                    assert_eq!(merge_in_memory(&parts, r, k, &mut out), n * r);
+                    let mut want: Vec<&[u8]> = data.chunks(r).collect();
+                    want.sort_by(|a, b| a[..k].cmp(&b[..k]));
+                    assert_eq!(out, want.concat(), "r {r} k {k} runs {runs} n {n}");
+                }
+            }
+        }
+    }
 }
