@@ -205,12 +205,11 @@ fn print_plan(p: &Plan) {
         codec(RunCodec::Snappy),
     );
     println!(
-        "predicted: sort phase {:.2} s, merge phase {:.2} s, total {:.2} s (I/O floor {:.2} s; {:.2} s with reads and writes sharing the storage)",
+        "predicted: sort phase {:.2} s, merge phase {:.2} s, total {:.2} s (I/O floor {:.2} s)",
         p.predicted_sort_secs,
         p.predicted_merge_secs,
         p.predicted_total_secs(),
-        p.io_floor_secs(),
-        p.shared_io_floor_secs()
+        p.io_floor_secs()
     );
 }
 

@@ -941,7 +941,11 @@ fn measure_mixed(path: &Path, requests: (usize, u64)) -> Result<f64> {
         });
         let written = probe_write(&other, requests, &stop).map(|(_, n)| n);
         done.store(true, Ordering::Relaxed);
-        let read = reader.join().expect("the probe's reader does not panic");
+        let read = reader.join().unwrap_or_else(|_| {
+            Err(ExtsortError::Invalid(
+                "the storage probe's reader thread panicked".into(),
+            ))
+        });
         (read, written)
     });
     let secs = start.elapsed().as_secs_f64();

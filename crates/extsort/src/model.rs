@@ -208,14 +208,6 @@ impl Plan {
         (2.0 * n / self.rates.read).max(2.0 * n / self.rates.write)
     }
 
-    /// The I/O floor where reads and writes share the storage: every byte
-    /// read and written twice, at most [`Rates::mixed`] bytes per second
-    /// in all (and no faster than [`Plan::io_floor_secs`]).
-    pub fn shared_io_floor_secs(&self) -> f64 {
-        let n = self.input_bytes as f64;
-        self.rates.io_secs(2.0 * n, 2.0 * n)
-    }
-
     pub fn predicted_total_secs(&self) -> f64 {
         self.predicted_sort_secs + self.predicted_merge_secs
     }
@@ -937,10 +929,6 @@ mod tests {
         let auto = plan(n, 100, gib, shared, CodecChoice::Auto).unwrap();
         assert_eq!(auto.run_codec, RunCodec::Lz4, "{auto:?}");
         assert!(auto.predicted_total_secs() < plain.predicted_total_secs());
-        // The floors: separate channels, and one shared.
-        assert!(close(plain.io_floor_secs(), 2.0 * n as f64 / 4e9));
-        assert!(close(plain.shared_io_floor_secs(), 4.0 * n as f64 / 1e9));
-        assert!(close(apart.shared_io_floor_secs(), apart.io_floor_secs()));
     }
 
     /// A codec predicted a little faster than plain runs is not chosen:
