@@ -281,11 +281,9 @@ impl MergeCursor for SliceCursor<'_> {
 
     #[inline]
     fn less_than(&self, other: &Self) -> bool {
-        key_less(
-            (self.prefix, &self.records[self.at..]),
-            (other.prefix, &other.records[other.at..]),
-            self.key,
-        )
+        key_less(self.prefix, other.prefix, self.key, || {
+            (&self.records[self.at..], &other.records[other.at..])
+        })
     }
 }
 
@@ -302,13 +300,21 @@ fn key_prefix(records: &[u8], at: usize, key: usize) -> u128 {
 }
 
 /// Whether record `a` sorts before record `b` by their `key`-byte keys,
-/// given each key's prefix ([`key_prefix`]) and the record's bytes on.
+/// given each key's prefix ([`key_prefix`]); `records` gives both records'
+/// bytes on, and is called only when the prefixes tie on a longer key, so
+/// the merge's usual compare slices nothing.
 #[inline]
-fn key_less(a: (u128, &[u8]), b: (u128, &[u8]), key: usize) -> bool {
-    if a.0 != b.0 || key <= PREFIX_BYTES {
-        return a.0 < b.0;
+fn key_less<'r>(
+    a: u128,
+    b: u128,
+    key: usize,
+    records: impl FnOnce() -> (&'r [u8], &'r [u8]),
+) -> bool {
+    if a != b || key <= PREFIX_BYTES {
+        return a < b;
     }
-    a.1[..key] < b.1[..key]
+    let (a, b) = records();
+    a[..key] < b[..key]
 }
 
 /// The record order of `chunk` by key: radix on the first 16 key bytes
@@ -626,11 +632,9 @@ impl MergeCursor for RunCursor {
 
     #[inline]
     fn less_than(&self, other: &Self) -> bool {
-        key_less(
-            (self.prefix, &self.block[self.at..]),
-            (other.prefix, &other.block[other.at..]),
-            self.key,
-        )
+        key_less(self.prefix, other.prefix, self.key, || {
+            (&self.block[self.at..], &other.block[other.at..])
+        })
     }
 }
 

@@ -515,19 +515,54 @@ pub fn parse_footer(tail: &[u8]) -> FormatResult<HybridLayout> {
         true => 0,
         false => INLINE_VAR_BYTES_MAX,
     };
-    if let Some(slot) = layout
-        .slots
-        .iter()
-        .find(|s| s.inline_bytes_max > inline_max || (!s.variable_length && s.inline_bytes_max > 0))
-    {
-        return Err(corrupt(format!(
-            "footer: column {} says values of up to {} bytes sit in its slot; at most {} can",
-            slot.name,
-            slot.inline_bytes_max,
-            if slot.variable_length { inline_max } else { 0 }
-        )));
-    }
+    check_layout(&layout, inline_max).map_err(|e| corrupt(format!("footer: {e}")))?;
     Ok(layout)
+}
+
+/// Checks that `layout`'s row slots can be read as it says, whether it
+/// came from a file's footer or a manifest: every slot lies inside the
+/// row after the validity bitmap, the bitmap has a bit per slot, a
+/// variable-length slot is 12 bytes, and values inline in a slot are at
+/// most `inline_max` bytes (none in fixed-width slots). Readers slice
+/// slots at these offsets; a layout that failed this would make them
+/// read out of bounds.
+pub fn check_layout(layout: &HybridLayout, inline_max: u32) -> Result<(), String> {
+    let width = u64::from(layout.row_width_bytes);
+    if u64::from(layout.validity_bytes) * 8 < layout.slots.len() as u64
+        || u64::from(layout.validity_bytes) > width
+    {
+        return Err(format!(
+            "a validity bitmap of {} bytes in rows of {width} bytes cannot flag {} row-wise columns",
+            layout.validity_bytes,
+            layout.slots.len()
+        ));
+    }
+    for slot in &layout.slots {
+        let (start, end) = (
+            u64::from(slot.offset_bytes),
+            u64::from(slot.offset_bytes) + u64::from(slot.width_bytes),
+        );
+        if start < u64::from(layout.validity_bytes) || end > width || slot.width_bytes == 0 {
+            return Err(format!(
+                "column {} sits at bytes {start}..{end}, outside rows of {width} bytes after a {}-byte validity bitmap",
+                slot.name, layout.validity_bytes
+            ));
+        }
+        if slot.variable_length && slot.width_bytes != 12 {
+            return Err(format!(
+                "column {} is variable-length in a {}-byte slot; such slots are 12 bytes",
+                slot.name, slot.width_bytes
+            ));
+        }
+        let allowed = if slot.variable_length { inline_max } else { 0 };
+        if slot.inline_bytes_max > allowed {
+            return Err(format!(
+                "column {} says values of up to {} bytes sit in its slot; at most {allowed} can",
+                slot.name, slot.inline_bytes_max
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// A file being written through a running CRC32 and byte count.
@@ -1139,6 +1174,57 @@ mod tests {
                 err.contains("column s") && err.contains(&format!("up to {inline} bytes")),
                 "{err}"
             );
+        }
+    }
+
+    /// A layout (from a footer or a manifest) whose slots a reader would
+    /// slice out of bounds is refused, naming what is wrong.
+    #[test]
+    fn a_layout_whose_slots_leave_the_row_is_refused() {
+        let (plan, width, validity) = plan_rows(&table(1, 0).schema(), &["k".into()]).unwrap();
+        let section = Section { offset: 0, len: 0 };
+        let good = HybridLayout {
+            key_columns: vec!["k".into()],
+            key_section: section,
+            row_section: section,
+            heap_section: section,
+            row_width_bytes: width,
+            validity_bytes: validity,
+            slots: plan,
+            blocks: vec![],
+        };
+        assert_eq!(check_layout(&good, INLINE_VAR_BYTES_MAX), Ok(()));
+        let last = good.slots.len() - 1;
+        let var = good.slots.iter().position(|s| s.variable_length).unwrap();
+        let narrow = HybridLayout {
+            row_width_bytes: width - 1,
+            ..good.clone()
+        };
+        let mut short_var = good.clone();
+        short_var.slots[var].width_bytes = 8;
+        let mut in_bitmap = good.clone();
+        in_bitmap.slots[0].offset_bytes = 0;
+        let no_bitmap = HybridLayout {
+            validity_bytes: 0,
+            ..good.clone()
+        };
+        let cases = [
+            (narrow, format!("column {}", good.slots[last].name)),
+            (
+                short_var,
+                format!("column {} is variable-length", good.slots[var].name),
+            ),
+            (in_bitmap, format!("column {}", good.slots[0].name)),
+            (no_bitmap, "validity bitmap of 0 bytes".to_string()),
+        ];
+        for (layout, want) in cases {
+            let err = check_layout(&layout, INLINE_VAR_BYTES_MAX).unwrap_err();
+            assert!(err.contains(&want), "{err} (want {want})");
+            let mut bytes = serde_json::to_vec(&layout).unwrap();
+            bytes.extend_from_slice(&(bytes.len() as u64).to_le_bytes());
+            bytes.extend_from_slice(HYBRID_MAGIC);
+            let err = parse_footer(&bytes).unwrap_err().to_string();
+            assert!(err.contains("corrupt") && err.contains(&want), "{err}");
         }
     }
 

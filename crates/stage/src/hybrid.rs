@@ -33,7 +33,7 @@ use datafusion::physical_plan::{
     DisplayAs, DisplayFormatType, ExecutionPlan, Partitioning, PlanProperties,
 };
 use futures::{StreamExt, TryStreamExt};
-use insitu_format::hybrid::{decode_key_block, decode_rows};
+use insitu_format::hybrid::{check_layout, decode_key_block, decode_rows, INLINE_VAR_BYTES_MAX};
 use insitu_wire::{FormatDescriptor, HybridLayout, RowSlot};
 use object_store::path::Path;
 use object_store::ObjectStore;
@@ -46,10 +46,19 @@ pub struct HybridFile {
 }
 
 impl HybridFile {
+    /// Refuses a descriptor without a hybrid layout, or whose layout's
+    /// slots readers could not slice ([`check_layout`]).
     pub fn new(path: Path, descriptor: FormatDescriptor) -> Result<Self> {
-        if descriptor.hybrid.is_none() {
+        let Some(layout) = descriptor.hybrid.as_ref() else {
             return internal_err!(
                 "table {} partition {} is not in the hybrid layout",
+                descriptor.table,
+                descriptor.partition
+            );
+        };
+        if let Err(e) = check_layout(layout, INLINE_VAR_BYTES_MAX) {
+            return internal_err!(
+                "table {} partition {}: hybrid layout: {e}",
                 descriptor.table,
                 descriptor.partition
             );
