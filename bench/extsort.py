@@ -170,14 +170,21 @@ def sustained_rates(inp, tmp):
         if request in SUSTAINED_WRITE_REQUESTS:
             put, secs = direct_write(os.path.join(tmp, "sustained-write"), whole, request, blocks)
             writes[request] = put / secs / 1e6
+    if not reads:
+        raise SystemExit(f"{inp}: {total} bytes, less than one {SUSTAINED_READ_REQUESTS[0] >> 20} MiB request "
+                         "to measure the storage with; use more records")
     request = SUSTAINED_WRITE_REQUESTS[-1] if total >= SUSTAINED_WRITE_REQUESTS[-1] else SUSTAINED_WRITE_REQUESTS[0]
     whole = total - total % request
     stop = threading.Event()
     result = {}
 
     def run(name, f):
-        result[name] = f()
-        stop.set()
+        try:
+            result[name] = f()
+        except OSError as e:
+            result[name] = e
+        finally:
+            stop.set()
 
     r_blocks, w_blocks = request_buffers(request), request_buffers(request)
     threads = [
@@ -189,6 +196,9 @@ def sustained_rates(inp, tmp):
         t.start()
     for t in threads:
         t.join()
+    for r in result.values():
+        if isinstance(r, OSError):
+            raise r
     mixed = sum(b / s for b, s in result.values()) / 1e6
     return max(reads.values()), max(writes.values()), reads, writes, mixed
 
