@@ -59,9 +59,10 @@
 //! (a pass that writes a run also compresses its output in the writer
 //! thread, and writes at ρ·β_write). The planner plans each allowed codec
 //! and keeps the one with the least predicted total, but a codec listed
-//! later (plain runs first) must predict [`CODEC_GAIN_MIN`] less time than
-//! the best before it: the storage rates it rests on move by more than
-//! that between probes.
+//! later (plain runs first) must predict [`CODEC_GAIN_MIN`] (a quarter)
+//! less time than the best before it: the storage rates it rests on move
+//! between probes, and the shared-channel term above overrates plain
+//! runs' sort phase, which flatters a codec.
 //!
 //! The last run need not touch the storage: when the sort phase ends, its
 //! chunk is sorted in memory, and a single merge pass can read it from
