@@ -175,6 +175,9 @@ def sustained_rates(inp, tmp):
     size = os.path.getsize(inp)
     region, starts = sustained_regions(size)
     reads, writes = {}, {}
+    # Buffers each read size filled with records: what its writes (and C's
+    # writer) write, so no write is of zeros a thin disk could skip.
+    filled = {}
     for start, request in zip(starts, SUSTAINED_READ_REQUESTS):
         whole = region - region % request
         if whole == 0:
@@ -182,6 +185,7 @@ def sustained_rates(inp, tmp):
         blocks = request_buffers(request)
         got, secs = direct_read(inp, start, whole, request, blocks)
         reads[request] = got / secs / 1e6
+        filled[request] = blocks
         if request in SUSTAINED_WRITE_REQUESTS:
             put, secs = direct_write(os.path.join(tmp, "sustained-write"), whole, request, blocks)
             writes[request] = put / secs / 1e6
@@ -202,7 +206,7 @@ def sustained_rates(inp, tmp):
         finally:
             stop.set()
 
-    r_blocks, w_blocks = request_buffers(request), request_buffers(request)
+    r_blocks, w_blocks = request_buffers(request), filled[request]
     threads = [
         threading.Thread(target=run, args=("r", lambda: direct_read(inp, mixed_start, whole, request, r_blocks,
                                                                     stop))),

@@ -548,9 +548,9 @@ pub fn check_layout(layout: &HybridLayout, inline_max: u32) -> Result<(), String
                 slot.name, layout.validity_bytes
             ));
         }
-        if slot.variable_length && slot.width_bytes != 12 {
+        if slot.variable_length && slot.width_bytes != VAR_SLOT_BYTES {
             return Err(format!(
-                "column {} is variable-length in a {}-byte slot; such slots are 12 bytes",
+                "column {} is variable-length in a {}-byte slot; such slots are {VAR_SLOT_BYTES} bytes",
                 slot.name, slot.width_bytes
             ));
         }
@@ -1132,42 +1132,55 @@ mod tests {
         }
     }
 
-    #[test]
-    fn a_footer_claiming_more_inline_bytes_than_its_version_allows_is_refused() {
-        let (plan, width, validity) = plan_rows(&table(1, 0).schema(), &["k".into()]).unwrap();
+    /// The layout `plan_rows` gives `table`'s rows keyed on `k`, with empty
+    /// sections and no blocks: what a footer's checks look at.
+    fn planned_layout() -> HybridLayout {
+        let (slots, width, validity) = plan_rows(&table(1, 0).schema(), &["k".into()]).unwrap();
         let section = Section { offset: 0, len: 0 };
-        let layout = |inline: u32| HybridLayout {
+        HybridLayout {
             key_columns: vec!["k".into()],
             key_section: section,
             row_section: section,
             heap_section: section,
             row_width_bytes: width,
             validity_bytes: validity,
-            slots: plan
+            slots,
+            blocks: vec![],
+        }
+    }
+
+    /// `layout` as the tail of a file: JSON, its length, then `magic`.
+    fn footer_tail(layout: &HybridLayout, magic: &[u8; 8]) -> Vec<u8> {
+        let mut bytes = serde_json::to_vec(layout).unwrap();
+        bytes.extend_from_slice(&(bytes.len() as u64).to_le_bytes());
+        bytes.extend_from_slice(magic);
+        bytes
+    }
+
+    #[test]
+    fn a_footer_claiming_more_inline_bytes_than_its_version_allows_is_refused() {
+        let planned = planned_layout();
+        let layout = |inline: u32| HybridLayout {
+            slots: planned
+                .slots
                 .iter()
                 .map(|s| RowSlot {
                     inline_bytes_max: if s.variable_length { inline } else { 0 },
                     ..s.clone()
                 })
                 .collect(),
-            blocks: vec![],
-        };
-        let tail = |layout: &HybridLayout, magic: &[u8; 8]| {
-            let mut bytes = serde_json::to_vec(layout).unwrap();
-            bytes.extend_from_slice(&(bytes.len() as u64).to_le_bytes());
-            bytes.extend_from_slice(magic);
-            bytes
+            ..planned.clone()
         };
         assert_eq!(
-            parse_footer(&tail(&layout(8), HYBRID_MAGIC)).unwrap(),
+            parse_footer(&footer_tail(&layout(8), HYBRID_MAGIC)).unwrap(),
             layout(8)
         );
         assert_eq!(
-            parse_footer(&tail(&layout(0), HYBRID_MAGIC_V1)).unwrap(),
+            parse_footer(&footer_tail(&layout(0), HYBRID_MAGIC_V1)).unwrap(),
             layout(0)
         );
         for (inline, magic) in [(9, HYBRID_MAGIC), (8, HYBRID_MAGIC_V1)] {
-            let err = parse_footer(&tail(&layout(inline), magic))
+            let err = parse_footer(&footer_tail(&layout(inline), magic))
                 .unwrap_err()
                 .to_string();
             assert!(
@@ -1181,18 +1194,8 @@ mod tests {
     /// slice out of bounds is refused, naming what is wrong.
     #[test]
     fn a_layout_whose_slots_leave_the_row_is_refused() {
-        let (plan, width, validity) = plan_rows(&table(1, 0).schema(), &["k".into()]).unwrap();
-        let section = Section { offset: 0, len: 0 };
-        let good = HybridLayout {
-            key_columns: vec!["k".into()],
-            key_section: section,
-            row_section: section,
-            heap_section: section,
-            row_width_bytes: width,
-            validity_bytes: validity,
-            slots: plan,
-            blocks: vec![],
-        };
+        let good = planned_layout();
+        let width = good.row_width_bytes;
         assert_eq!(check_layout(&good, INLINE_VAR_BYTES_MAX), Ok(()));
         let last = good.slots.len() - 1;
         let var = good.slots.iter().position(|s| s.variable_length).unwrap();
@@ -1220,10 +1223,9 @@ mod tests {
         for (layout, want) in cases {
             let err = check_layout(&layout, INLINE_VAR_BYTES_MAX).unwrap_err();
             assert!(err.contains(&want), "{err} (want {want})");
-            let mut bytes = serde_json::to_vec(&layout).unwrap();
-            bytes.extend_from_slice(&(bytes.len() as u64).to_le_bytes());
-            bytes.extend_from_slice(HYBRID_MAGIC);
-            let err = parse_footer(&bytes).unwrap_err().to_string();
+            let err = parse_footer(&footer_tail(&layout, HYBRID_MAGIC))
+                .unwrap_err()
+                .to_string();
             assert!(err.contains("corrupt") && err.contains(&want), "{err}");
         }
     }
