@@ -163,6 +163,15 @@ fn gathers(c: &mut Criterion) {
     g.bench_function("16-byte rows, random", |b| {
         b.iter(|| gather_rows(&rows, 16, &row_idx, &mut out))
     });
+    // Hybrid lineitem's row width: wider than the fixed-width copy loops.
+    let wide: Vec<u8> = random_u64(ROWS * 158 / 8, 13)
+        .iter()
+        .flat_map(|v| v.to_le_bytes())
+        .collect();
+    let wide_idx = random_indices(ROWS, wide.len() / 158, 14);
+    g.bench_function("158-byte rows, random", |b| {
+        b.iter(|| gather_rows(&wide, 158, &wide_idx, &mut out))
+    });
     let batch = RecordBatch::try_new(
         Arc::new(Schema::new(vec![
             Field::new("a", arrow::datatypes::DataType::UInt64, false),

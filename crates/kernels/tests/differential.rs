@@ -518,8 +518,9 @@ fn gather_matches_take() {
             assert!(err.to_string().contains("out of range"), "{err}");
         }
         // Row layout: the same gather over rows of every width up to 64
-        // bytes (each has its own copy loop) and two wider ones.
-        for width in 1..=66 {
+        // bytes (each has its own copy loop) and wider ones (moved in
+        // 32-byte pieces, the last overlapping).
+        for width in (1..=66).chain([95, 96, 97, 112, 131]) {
             let rows: Vec<u8> = (0..n * width).map(|_| rng.random()).collect();
             let mut out = vec![7u8; 3]; // reused buffer: old contents must go
             gather_rows(&rows, width, &idx, &mut out);
