@@ -11,13 +11,15 @@
 //! whole rows: row `i` is the slot at `row_section.offset + i * row_width`,
 //! one contiguous read per row. A slot holds a validity bitmap of the
 //! row-wise fields, then each fixed-width value in place, and for each
-//! variable-length value its heap offset (u64, from the heap section start)
-//! and length (u32). Everything is little-endian.
+//! variable-length value its heap offset (u64, from the heap section start;
+//! rows of one block with the same value may share one copy in the block's
+//! heap) and length (u32). Everything is little-endian.
 //!
 //! This module encodes and decodes; it does no query work. The descriptor
 //! ([`insitu_wire::HybridLayout`]) says where everything is, and the file's
 //! footer repeats it, so the file describes itself.
 
+use std::collections::HashMap;
 use std::fs::File;
 use std::io::{BufWriter, Write};
 use std::path::Path;
@@ -34,6 +36,7 @@ use arrow::datatypes::{DataType, Field, FieldRef, Schema, SchemaRef};
 use arrow::error::ArrowError;
 use arrow::ipc::reader::StreamReader;
 use arrow::ipc::writer::StreamWriter;
+use insitu_kernels::mem::{pooled_buffer, take_vec, Pod};
 use insitu_kernels::validate_utf8_views;
 use insitu_wire::{HybridBlock, HybridLayout, RowGroupStats, RowSlot, Section};
 
@@ -182,11 +185,20 @@ pub fn encode_rows(
     Ok(())
 }
 
+/// Distinct long values of a column that a block's heap stores once each
+/// (`heap_shared_values_max`); once a column has shown this many, its
+/// further values are appended as they come, unhashed.
+const HEAP_SHARED_VALUES_MAX: usize = 64;
+
 /// Hands each value of a string or binary column to `put` as its slot
 /// bytes: the value itself if it has at most `inline` bytes, else its
-/// offset in `heap` (where it is appended); then its length.
-fn encode_var(
-    column: &dyn Array,
+/// offset in `heap`; then its length. A long value already in this call's
+/// heap (among the first [`HEAP_SHARED_VALUES_MAX`] distinct ones) points
+/// at that copy, else it is appended: the rows of a low-cardinality
+/// column such as `l_shipinstruct` share a few heap values, which stay in
+/// cache when a sort reads them in random order.
+fn encode_var<'c>(
+    column: &'c dyn Array,
     inline: usize,
     heap_base: u64,
     heap: &mut Vec<u8>,
@@ -196,14 +208,24 @@ fn encode_var(
         inline <= INLINE_VAR_BYTES_MAX as usize,
         "inline values fit the offset's 8 bytes"
     );
-    let mut push = |row: usize, value: Option<&[u8]>| {
+    let mut shared: HashMap<&'c [u8], u64> = HashMap::new();
+    let mut push = |row: usize, value: Option<&'c [u8]>| {
         let value = value.unwrap_or_default();
         let mut slot = [0u8; 12];
         if value.len() <= inline {
             slot[..value.len()].copy_from_slice(value);
         } else {
-            slot[..8].copy_from_slice(&(heap_base + heap.len() as u64).to_le_bytes());
-            heap.extend_from_slice(value);
+            let offset = match shared.len() < HEAP_SHARED_VALUES_MAX {
+                true => *shared.entry(value).or_insert_with(|| {
+                    heap.extend_from_slice(value);
+                    heap_base + (heap.len() - value.len()) as u64
+                }),
+                false => {
+                    heap.extend_from_slice(value);
+                    heap_base + (heap.len() - value.len()) as u64
+                }
+            };
+            slot[..8].copy_from_slice(&offset.to_le_bytes());
         }
         slot[8..].copy_from_slice(&(value.len() as u32).to_le_bytes());
         put(row, &slot);
@@ -296,17 +318,40 @@ fn decode_fixed(
         let values = BooleanBuffer::collect_bool(n, |row| slots[row * width + at] != 0);
         return Ok(Arc::new(BooleanArray::new(values, nulls)));
     }
-    let mut values = Vec::with_capacity(n * w);
-    for row in 0..n {
-        values.extend_from_slice(&slots[row * width + at..row * width + at + w]);
-    }
+    let rows = slots.chunks_exact(width).take(n);
+    let values = match w {
+        1 => fixed_column::<u8>(rows, at),
+        2 => fixed_column::<u16>(rows, at),
+        4 => fixed_column::<u32>(rows, at),
+        8 => fixed_column::<u64>(rows, at),
+        16 => fixed_column::<u128>(rows, at),
+        _ => {
+            let mut values = Vec::with_capacity(n * w);
+            rows.for_each(|row| values.extend_from_slice(&row[at..at + w]));
+            Buffer::from_vec(values)
+        }
+    };
     let data = ArrayData::builder(field.data_type().clone())
         .len(n)
-        .add_buffer(Buffer::from_vec(values))
+        .add_buffer(values)
         .nulls(nulls)
         .build()
         .map_err(|e| corrupt(format!("column {}: {e}", field.name())))?;
     Ok(make_array(data))
+}
+
+/// The `T`-sized value at byte `at` of each row, as one buffer from the
+/// kernels' scratch pool: a fixed-size load a row instead of a memmove
+/// call a row, into memory already faulted in by an earlier batch.
+fn fixed_column<'a, T: Pod>(rows: impl ExactSizeIterator<Item = &'a [u8]>, at: usize) -> Buffer {
+    let mut values: Vec<T> = take_vec(rows.len());
+    values.extend(rows.map(|row| {
+        let bytes = &row[at..at + std::mem::size_of::<T>()];
+        // SAFETY: `bytes` holds exactly size_of::<T>() bytes, and T (plain
+        // data) is valid for any bits.
+        unsafe { (bytes.as_ptr() as *const T).read_unaligned() }
+    }));
+    pooled_buffer(values)
 }
 
 /// Where a variable-length column sits in each row slot, how short its
@@ -421,8 +466,8 @@ fn decode_views(
     if long_bytes > u32::MAX as u64 {
         return Ok(None);
     }
-    let mut data: Vec<u8> = Vec::with_capacity(long_bytes as usize);
-    let mut views: Vec<u128> = Vec::with_capacity(n);
+    let mut data: Vec<u8> = take_vec(long_bytes as usize);
+    let mut views: Vec<u128> = take_vec(n);
     for row in 0..n {
         if row + HEAP_PREFETCH_ROWS < n {
             let (off, len) = var_slot(slots, width, column.at, row + HEAP_PREFETCH_ROWS);
@@ -438,11 +483,11 @@ fn decode_views(
         }
         // Long values were summed above: the room is there and fits u32.
         views.push(make_view(value, 0, data.len() as u32));
-        data.extend_from_slice(value);
+        append_value(&mut data, value);
     }
     let buffers = match data.is_empty() {
         true => vec![],
-        false => vec![Buffer::from_vec(data)],
+        false => vec![pooled_buffer(data)],
     };
     let bad = |e: ArrowError| corrupt(format!("column {}: {e}", field.name()));
     if *field.data_type() == DataType::Utf8View {
@@ -458,6 +503,43 @@ fn decode_views(
     // SAFETY: each view was made by `make_view` over a copy of its value.
     let array = unsafe { BinaryViewArray::new_unchecked(views, buffers, nulls.clone()) };
     Ok(Some(Arc::new(array)))
+}
+
+/// Appends `value` to `data`, which has room for it: values of 8 to 64
+/// bytes move as two fixed-size loads and stores (the first from the
+/// value's start, the second ending at its end, overlapping) instead of
+/// a memmove call per value.
+fn append_value(data: &mut Vec<u8>, value: &[u8]) {
+    let (at, len) = (data.len(), value.len());
+    let spare = data.spare_capacity_mut();
+    assert!(len <= spare.len(), "room for the value");
+    let dst = spare.as_mut_ptr() as *mut u8;
+    // SAFETY: `dst` is writable for `len` bytes (asserted) and does not
+    // overlap `value`; `head_and_tail` reads and writes within `len`.
+    unsafe {
+        match len {
+            8..=16 => head_and_tail::<8>(value, dst),
+            17..=32 => head_and_tail::<16>(value, dst),
+            33..=64 => head_and_tail::<32>(value, dst),
+            _ => std::ptr::copy_nonoverlapping(value.as_ptr(), dst, len),
+        }
+        data.set_len(at + len);
+    }
+}
+
+/// Copies `value` (`W` to `2 * W` bytes long) to `dst` as its first `W`
+/// bytes and its last `W` bytes.
+///
+/// # Safety
+/// `W <= value.len() <= 2 * W`; `dst` writable for `value.len()` bytes.
+#[inline(always)]
+unsafe fn head_and_tail<const W: usize>(value: &[u8], dst: *mut u8) {
+    let len = value.len();
+    debug_assert!((W..=2 * W).contains(&len));
+    let head = (value.as_ptr() as *const [u8; W]).read_unaligned();
+    let tail = (value.as_ptr().add(len - W) as *const [u8; W]).read_unaligned();
+    (dst as *mut [u8; W]).write_unaligned(head);
+    (dst.add(len - W) as *mut [u8; W]).write_unaligned(tail);
 }
 
 /// Asks the CPU to bring `p`'s cache line in; a hint, never a fault.
@@ -1081,11 +1163,13 @@ mod tests {
                 })
                 .collect();
             let (heap, columns) = encode_decode(&batch, &old, width);
+            // Each column's heap holds each of its distinct values once.
             let bytes = |c: usize| -> usize {
                 let a = batch.column(c);
                 let values = arrow::compute::cast(a, &DataType::Utf8).unwrap();
                 let values = values.as_string::<i32>();
-                values.iter().flatten().map(str::len).sum()
+                let distinct: std::collections::HashSet<&str> = values.iter().flatten().collect();
+                distinct.iter().map(|v| v.len()).sum()
             };
             assert_eq!(heap.len(), bytes(1) + bytes(2), "rows {rows}");
             assert_eq!(
@@ -1129,6 +1213,56 @@ mod tests {
                 err.contains(&format!("column {name}")) && err.contains("UTF-8"),
                 "{err}"
             );
+        }
+    }
+
+    #[test]
+    fn repeated_long_values_share_one_heap_copy_up_to_the_limit() {
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("k", DataType::Int64, false),
+            Field::new("few", DataType::Utf8View, true),
+            Field::new("many", DataType::Utf8, false),
+        ]));
+        let few = [
+            "DELIVER IN PERSON",
+            "TAKE BACK RETURN",
+            "NONE",
+            "COLLECT COD",
+        ];
+        let many = |i: usize| format!("value number {i:06} of many");
+        for rows in [0usize, 1, 2, 7, 49, 50, 51, 1000] {
+            let batch = RecordBatch::try_new(
+                Arc::clone(&schema),
+                vec![
+                    Arc::new(Int64Array::from_iter_values(0..rows as i64)),
+                    Arc::new(StringViewArray::from_iter(
+                        (0..rows).map(|i| (i % 7 != 3).then_some(few[(i * 5) % few.len()])),
+                    )),
+                    // Every value twice in a row: past the limit, repeats
+                    // are stored again.
+                    Arc::new(StringArray::from_iter_values(
+                        (0..rows).map(|i| many(i / 2)),
+                    )),
+                ],
+            )
+            .unwrap();
+            let (plan, width, _) = plan_rows(&schema, &["k".into()]).unwrap();
+            let (heap, columns) = encode_decode(&batch, &plan, width);
+            assert_eq!(&columns[0], batch.column(1), "rows {rows}");
+            assert_eq!(&columns[1], batch.column(2), "rows {rows}");
+            let few_bytes: usize = few
+                .iter()
+                .filter(|v| v.len() > INLINE_VAR_BYTES_MAX as usize)
+                .filter(|v| (0..rows).any(|i| i % 7 != 3 && few[(i * 5) % few.len()] == **v))
+                .map(|v| v.len())
+                .sum();
+            // `many` shares its first HEAP_SHARED_VALUES_MAX distinct values
+            // (each seen twice, stored once) until the last of them fills
+            // the table; from its second row on, every row's is stored.
+            let shared_rows = rows.min(2 * HEAP_SHARED_VALUES_MAX - 1);
+            let many_bytes =
+                shared_rows.div_ceil(2) * many(0).len() + (rows - shared_rows) * many(0).len();
+            assert_eq!(heap.len(), few_bytes + many_bytes, "rows {rows}");
         }
     }
 

@@ -133,7 +133,8 @@ pub struct HybridBlock {
     /// The block's key columns: a complete Arrow IPC stream inside the key
     /// section.
     pub key: Section,
-    /// The heap bytes of the block's rows (absolute in the file).
+    /// The heap bytes of the block's rows (absolute in the file); rows
+    /// with the same value may point at one copy of it.
     pub heap: Section,
 }
 
