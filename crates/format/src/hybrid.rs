@@ -476,14 +476,17 @@ fn decode_views(
                 prefetch(heap[start..].as_ptr());
             }
         }
-        let value = var_value(slots, width, column, row, heap, heap_base)?;
-        if value.len() <= 12 {
-            views.push(make_view(value, 0, 0));
+        let (bits, len) = var_slot(slots, width, column.at, row);
+        if len <= column.inline {
+            views.push(inline_view(bits, len));
             continue;
         }
+        let value = var_value(slots, width, column, row, heap, heap_base)?;
         // Long values were summed above: the room is there and fits u32.
-        views.push(make_view(value, 0, data.len() as u32));
-        append_value(&mut data, value);
+        views.push(view_of(value, data.len() as u32));
+        if value.len() > 12 {
+            append_value(&mut data, value);
+        }
     }
     let buffers = match data.is_empty() {
         true => vec![],
@@ -503,6 +506,40 @@ fn decode_views(
     // SAFETY: each view was made by `make_view` over a copy of its value.
     let array = unsafe { BinaryViewArray::new_unchecked(views, buffers, nulls.clone()) };
     Ok(Some(Arc::new(array)))
+}
+
+/// The view of a value inline in its slot: `bits` are the slot's first
+/// 8 bytes (the value, zero-padded by the writer; masked to `len` here
+/// all the same, since inline views compare as whole integers).
+/// Precondition: `len <= 8` (`inline_bytes_max` is at most 8).
+#[inline(always)]
+fn inline_view(bits: u64, len: u64) -> u128 {
+    debug_assert!(len <= 8);
+    let mask = match len {
+        8 => u64::MAX,
+        _ => (1u64 << (8 * len)) - 1,
+    };
+    len as u128 | ((bits & mask) as u128) << 32
+}
+
+/// The view of `value`, inline if at most 12 bytes, else at `offset` of
+/// buffer 0: what arrow's `make_view` builds, but inlined into the decode
+/// loop (`make_view` is never inlined, and took 5.8% of a hybrid ORDER BY
+/// by `l_partkey` in calls alone).
+#[inline(always)]
+fn view_of(value: &[u8], offset: u32) -> u128 {
+    let len = value.len();
+    let word = |at: usize| u32::from_le_bytes(value[at..at + 4].try_into().expect("4 bytes"));
+    match len {
+        0..=8 => make_view(value, 0, offset),
+        9..=12 => {
+            let head = u64::from_le_bytes(value[..8].try_into().expect("8 bytes"));
+            // The last 4 bytes, shifted so that byte 8 comes first.
+            let rest = word(len - 4) >> (8 * (12 - len));
+            len as u128 | (head as u128) << 32 | (rest as u128) << 96
+        }
+        _ => len as u128 | (word(0) as u128) << 32 | (offset as u128) << 96,
+    }
 }
 
 /// Appends `value` to `data`, which has room for it: values of 8 to 64
@@ -1263,6 +1300,38 @@ mod tests {
             let many_bytes =
                 shared_rows.div_ceil(2) * many(0).len() + (rows - shared_rows) * many(0).len();
             assert_eq!(heap.len(), few_bytes + many_bytes, "rows {rows}");
+        }
+    }
+
+    #[test]
+    fn views_built_in_the_decode_loop_match_arrows() {
+        // Every byte value appears somewhere; offsets use all 32 bits.
+        let mut state = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = move || {
+            state = state
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            (state >> 32) as u32
+        };
+        for len in 0..=40usize {
+            let value: Vec<u8> = (0..len).map(|_| next() as u8).collect();
+            let offset = next();
+            assert_eq!(
+                view_of(&value, offset),
+                make_view(&value, 0, offset),
+                "{len} bytes"
+            );
+            if len <= 8 {
+                // The slot's padding is masked off, whatever it holds.
+                let mut slot = [0xa5u8; 8];
+                slot[..len].copy_from_slice(&value);
+                let bits = u64::from_le_bytes(slot);
+                assert_eq!(
+                    inline_view(bits, len as u64),
+                    make_view(&value, 0, 0),
+                    "{len} bytes"
+                );
+            }
         }
     }
 
