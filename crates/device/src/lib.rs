@@ -229,8 +229,8 @@ impl Device {
         let manifest = load_manifest(dir, id)
             .map_err(|e| DeviceError::new(id, DeviceErrorKind::Corrupt, e.to_string()))?;
         remove_stale_temp_files(dir, &manifest);
-        // Runs of sorts that were running when the device stopped.
-        let _ = std::fs::remove_dir_all(dir.join(spill::SPILL_DIR));
+        // Runs of sorts that were running when their process died.
+        spill::remove_stale_runs(dir);
         // Scans name files by absolute path (the object store's), so a
         // relative directory is resolved against the working directory now.
         let dir = std::path::absolute(dir).map_err(|e| {

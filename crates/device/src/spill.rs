@@ -58,6 +58,19 @@ pub struct Run {
     pub batch_bytes_max: usize,
 }
 
+/// Removes the run directories under `device_dir/.spill` of sorts whose
+/// process no longer runs. Runs of live sorts stay, whichever process owns
+/// them: a second device opened on the same directory must not pull a
+/// running sort's runs from under it.
+pub fn remove_stale_runs(device_dir: &Path) {
+    insitu_extsort::io::remove_stale(&device_dir.join(SPILL_DIR), run_dir_owner);
+}
+
+/// The process that made run directory `name` (`sort-{pid}-{n}`).
+fn run_dir_owner(name: &str) -> Option<u32> {
+    name.strip_prefix("sort-")?.split('-').next()?.parse().ok()
+}
+
 impl SpillRuns {
     /// A fresh run directory under `device_dir/.spill`.
     pub fn create(device_dir: &Path) -> Result<Self> {
@@ -402,4 +415,25 @@ pub fn reduce_runs(
         runs = next;
     }
     Ok(runs)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_runs_of_dead_processes_are_stale() {
+        let device = tempfile::tempdir().unwrap();
+        let live = SpillRuns::create(device.path()).unwrap();
+        // No process has this id: pids stay below 2^22 on Linux.
+        let dead = device.path().join(SPILL_DIR).join("sort-999999999-0");
+        std::fs::create_dir_all(&dead).unwrap();
+        std::fs::write(dead.join("run-000001.arrow"), b"x").unwrap();
+        remove_stale_runs(device.path());
+        assert!(!dead.exists(), "a dead sort's runs are removed");
+        assert!(live.dir.exists(), "a live sort's runs stay");
+        let dir = live.dir.clone();
+        drop(live);
+        assert!(!dir.exists(), "a sort removes its own runs");
+    }
 }
