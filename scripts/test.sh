@@ -9,7 +9,9 @@ cargo fmt --all -- --check
 cargo clippy --release --workspace --all-targets -- -D warnings
 cargo test --release --workspace
 if [ "${INSITU_SLOW_TESTS:-0}" = "1" ]; then
-  cargo test --release -p insitu --test tpch_sf01 --test load_test -- --ignored --nocapture
+  # One at a time: the load test's 30 s of clients must not share the
+  # cores with the SF 0.1 suite.
+  cargo test --release -p insitu --test it -- --ignored --nocapture --test-threads=1
   # The kernel benchmarks live outside the workspace (their competitor
   # crates stay out of the product build); run each once so they do not rot.
   bench_target="$CARGO_TARGET_DIR/bench-kernels"

@@ -1,6 +1,6 @@
 //! What pushdown moves over the link, and what the CLI shows of it.
 
-mod common;
+use crate::common;
 
 use std::io::Write;
 use std::process::{Command, Stdio};

@@ -3,9 +3,9 @@
 //! `insitu cluster up`, all 22 queries with pushdown on and off checked
 //! against DuckDB's answers. Also: capabilities steer what the host pushes.
 
-mod common;
+use crate::common;
 
-use common::{check_all, insitu, TestCluster};
+use crate::common::{check_all, insitu, TestCluster};
 use insitu_host::Pushdown;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

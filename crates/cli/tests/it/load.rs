@@ -1,7 +1,7 @@
 //! `insitu load`: user files in, queryable across devices; bad files out
 //! with nothing left behind.
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 

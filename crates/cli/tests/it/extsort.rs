@@ -2,11 +2,9 @@
 //! 0 to 3 merge passes, skewed and all-equal keys, memory held within the
 //! budget, and the robustness cases (bad sizes, a full disk, a killed sort).
 
-mod common;
-
 use std::path::{Path, PathBuf};
 
-use common::{insitu, insitu_with_env};
+use crate::common::{insitu, insitu_with_env};
 
 fn arg(p: &Path) -> &str {
     p.to_str().expect("utf-8 path")

@@ -3,17 +3,15 @@
 //! tokens, an upload cut off half-way, garbage and oversized plans, and a
 //! port already in use.
 
-mod common;
-
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate::common::{insitu, TestCluster};
 use arrow::array::{ArrayRef, Int64Array};
 use arrow::record_batch::RecordBatch;
 use arrow_flight::flight_service_client::FlightServiceClient;
 use arrow_flight::{Action, FlightData, FlightDescriptor, HandshakeRequest, Ticket};
 use bytes::Bytes;
-use common::{insitu, TestCluster};
 use futures::StreamExt;
 use insitu_host::{HostConfig, InsituHost, Pushdown};
 use insitu_link::LinkProfile;

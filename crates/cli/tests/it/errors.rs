@@ -1,6 +1,6 @@
 //! Bad input gets a clear error naming what was wrong and where.
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 

@@ -2,7 +2,7 @@
 //! on and off, against DuckDB's answers (tests/fixtures/tpch-sf0.1).
 //! Ignored by default; `INSITU_SLOW_TESTS=1 scripts/test.sh` runs it.
 
-mod common;
+use crate::common;
 
 use insitu_host::Pushdown;
 

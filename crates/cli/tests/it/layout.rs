@@ -1,6 +1,6 @@
 //! How `gen tpch` lays tables out over devices.
 
-mod common;
+use crate::common;
 
 use insitu_device::root::{open_root, DeviceBudget};
 use insitu_wire::FormatDescriptor;

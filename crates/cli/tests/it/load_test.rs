@@ -3,9 +3,7 @@
 //! `insitu bench load` fails on any query error or on a device whose
 //! memory high-water mark exceeds its budget; its report is checked here.
 
-mod common;
-
-use common::{insitu, TestCluster};
+use crate::common::{insitu, TestCluster};
 
 #[test]
 #[ignore = "slow tier: INSITU_SLOW_TESTS=1 scripts/test.sh"]
