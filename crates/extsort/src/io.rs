@@ -101,13 +101,14 @@ fn parent_dir(path: &Path) -> PathBuf {
     }
 }
 
-fn process_alive(pid: u32) -> bool {
+/// Whether a process with id `pid` runs now.
+pub fn process_alive(pid: u32) -> bool {
     Path::new(&format!("/proc/{pid}")).exists()
 }
 
 /// Removes entries of `dir` that `owner` names as left by a process that
-/// no longer runs (entries of live processes, this one included, stay).
-pub fn remove_stale(dir: &Path, owner: impl Fn(&str) -> Option<u32>) {
+/// no longer runs.
+fn remove_stale(dir: &Path, owner: impl Fn(&str) -> Option<u32>) {
     let Ok(entries) = fs::read_dir(dir) else {
         return;
     };
