@@ -59,50 +59,12 @@ pub struct Run {
 }
 
 /// Removes the run directories under `device_dir/.spill` of sorts that
-/// are no longer running: their process is gone, or it is this process's
-/// id but an earlier incarnation (a restarted server in a container often
-/// gets its predecessor's pid). Runs of live sorts stay, whichever process
-/// owns them: a second device opened on the same directory must not pull
-/// a running sort's runs from under it.
+/// are no longer running (see [`insitu_extsort::io::tag_is_live`]: their
+/// process is gone, or a later process reuses its id). Runs of live sorts
+/// stay, whichever process owns them: a second device opened on the same
+/// directory must not pull a running sort's runs from under it.
 pub fn remove_stale_runs(device_dir: &Path) {
-    let spill = device_dir.join(SPILL_DIR);
-    let Ok(entries) = std::fs::read_dir(&spill) else {
-        return;
-    };
-    for entry in entries.flatten() {
-        let name = entry.file_name().to_string_lossy().into_owned();
-        if run_dir_is_live(&name) {
-            continue;
-        }
-        tracing::info!(path = %entry.path().display(), "removing stale spill runs");
-        let _ = std::fs::remove_dir_all(entry.path());
-    }
-}
-
-/// Whether run directory `name` (`sort-{pid}-{incarnation}-{n}`) belongs
-/// to a sort that may still be running.
-fn run_dir_is_live(name: &str) -> bool {
-    let mut parts = name.strip_prefix("sort-").unwrap_or_default().split('-');
-    let pid = parts.next().and_then(|p| p.parse::<u32>().ok());
-    let incarnation = parts.next().and_then(|p| p.parse::<u64>().ok());
-    match (pid, incarnation, parts.next(), parts.next()) {
-        (Some(pid), Some(inc), Some(_), None) if pid == std::process::id() => {
-            inc == process_incarnation()
-        }
-        (Some(pid), Some(_), Some(_), None) => insitu_extsort::io::process_alive(pid),
-        _ => false, // not a run directory this version makes
-    }
-}
-
-/// When this process first made or checked a run directory, in
-/// nanoseconds since the epoch: with the pid, it names the process.
-fn process_incarnation() -> u64 {
-    static INCARNATION: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
-    *INCARNATION.get_or_init(|| {
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(1, |d| d.as_nanos() as u64)
-    })
+    insitu_extsort::io::remove_stale(&device_dir.join(SPILL_DIR), |n| n.strip_prefix("sort-"));
 }
 
 impl SpillRuns {
@@ -110,11 +72,9 @@ impl SpillRuns {
     pub fn create(device_dir: &Path) -> Result<Self> {
         static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
         let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let dir = device_dir.join(SPILL_DIR).join(format!(
-            "sort-{}-{}-{n}",
-            std::process::id(),
-            process_incarnation()
-        ));
+        let dir = device_dir
+            .join(SPILL_DIR)
+            .join(format!("sort-{}-{n}", insitu_extsort::io::process_tag()));
         std::fs::create_dir_all(&dir).map_err(io(&dir))?;
         Ok(Self {
             dir,
@@ -466,17 +426,21 @@ mod tests {
         // No process has id 999999999: pids stay below 2^22 on Linux.
         let stale = [
             "sort-999999999-5-0".to_string(), // its process is gone
-            format!("sort-{me}-{}-0", process_incarnation() - 1), // this pid, earlier process
+            format!("sort-{me}-1-0"),         // this pid, an earlier process
             format!("sort-{me}-0"),           // an older version's name
-            "unrelated".to_string(),
         ];
-        for name in &stale {
+        // pid 1 runs as long as the system does.
+        let kept = ["sort-1-5-0", "not-a-run-dir"];
+        for name in stale.iter().map(String::as_str).chain(kept) {
             std::fs::create_dir_all(spill.join(name)).unwrap();
             std::fs::write(spill.join(name).join("run-000001.arrow"), b"x").unwrap();
         }
         remove_stale_runs(device.path());
         for name in &stale {
             assert!(!spill.join(name).exists(), "{name} is stale");
+        }
+        for name in kept {
+            assert!(spill.join(name).exists(), "{name} stays");
         }
         assert!(live.dir.exists(), "a live sort's runs stay");
         let dir = live.dir.clone();

@@ -24,8 +24,9 @@ pub(crate) fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> ExtsortError
     }
 }
 
-/// Prefix of temporary names: `.NAME.insitu-tmp-PID` next to the output,
-/// `.insitu-extsort-PID-N` for run directories.
+/// Prefix of temporary names, each followed by a [`process_tag`]:
+/// `.NAME.insitu-tmp-TAG` next to the output, `.insitu-extsort-TAG-N` for
+/// run directories, `.insitu-probe-TAG` for the bandwidth probe's files.
 const TMP_MARK: &str = ".insitu-tmp-";
 const RUN_DIR_PREFIX: &str = ".insitu-extsort-";
 const PROBE_PREFIX: &str = ".insitu-probe-";
@@ -47,11 +48,9 @@ impl AtomicFile {
             .ok_or_else(|| ExtsortError::Invalid(format!("{} is not a file name", path.display())))?
             .to_string_lossy()
             .into_owned();
-        remove_stale(&dir, |n| {
-            n.strip_prefix(&format!(".{name}{TMP_MARK}"))
-                .and_then(|pid| pid.parse().ok())
-        });
-        let tmp = dir.join(format!(".{name}{TMP_MARK}{}", std::process::id()));
+        let prefix = format!(".{name}{TMP_MARK}");
+        remove_stale(&dir, |n| n.strip_prefix(&prefix));
+        let tmp = dir.join(format!("{prefix}{}", process_tag()));
         let file = File::create(&tmp).map_err(io_err(&tmp))?;
         Ok(Self {
             file: Some(file),
@@ -101,24 +100,50 @@ fn parent_dir(path: &Path) -> PathBuf {
     }
 }
 
-/// Whether a process with id `pid` runs now.
-pub fn process_alive(pid: u32) -> bool {
-    Path::new(&format!("/proc/{pid}")).exists()
+/// This process's tag, `{pid}-{start}`: its id and the instant it first
+/// named a temporary file (nanoseconds since the epoch). Temporary names
+/// carry it so that a process which reuses a dead one's id (a restarted
+/// container's entry point often does) still sees that one's files as
+/// stale.
+pub fn process_tag() -> String {
+    format!("{}-{}", std::process::id(), process_start())
 }
 
-/// Removes entries of `dir` that `owner` names as left by a process that
-/// no longer runs.
-fn remove_stale(dir: &Path, owner: impl Fn(&str) -> Option<u32>) {
+fn process_start() -> u64 {
+    static START: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+    *START.get_or_init(|| {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(1, |d| d.as_nanos() as u64)
+    })
+}
+
+/// Whether the process named by `tag` (a [`process_tag`], possibly
+/// followed by `-...`; or a bare pid, as older versions wrote) may still
+/// run. `None` if `tag` names no process.
+pub fn tag_is_live(tag: &str) -> Option<bool> {
+    let mut parts = tag.split('-');
+    let pid: u32 = parts.next()?.parse().ok()?;
+    let start: Option<u64> = parts.next().and_then(|s| s.parse().ok());
+    Some(if pid == std::process::id() {
+        start == Some(process_start())
+    } else {
+        Path::new(&format!("/proc/{pid}")).exists()
+    })
+}
+
+/// Removes the entries of `dir` whose name `tag` maps to the tag of a
+/// process that no longer runs (see [`tag_is_live`]). Entries it maps to
+/// `None` are not temporary files and stay.
+pub fn remove_stale(dir: &Path, tag: impl Fn(&str) -> Option<&str>) {
     let Ok(entries) = fs::read_dir(dir) else {
         return;
     };
     for e in entries.flatten() {
         let name = e.file_name().to_string_lossy().into_owned();
-        if let Some(pid) = owner(&name) {
-            if pid != std::process::id() && !process_alive(pid) {
-                tracing::info!(path = %e.path().display(), "removing stale temporary file");
-                let _ = fs::remove_dir_all(e.path()).or_else(|_| fs::remove_file(e.path()));
-            }
+        if tag(&name).and_then(tag_is_live) == Some(false) {
+            tracing::info!(path = %e.path().display(), "removing stale temporary file");
+            let _ = fs::remove_dir_all(e.path()).or_else(|_| fs::remove_file(e.path()));
         }
     }
 }
@@ -134,16 +159,10 @@ impl RunDir {
     /// directories of sorts that died.
     pub fn create(tmp: &Path) -> Result<Self> {
         fs::create_dir_all(tmp).map_err(io_err(tmp))?;
-        remove_stale(tmp, |n| {
-            n.strip_prefix(RUN_DIR_PREFIX)
-                .and_then(|rest| rest.split('-').next())
-                .and_then(|pid| pid.parse().ok())
-        });
-        let nonce = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_nanos())
-            .unwrap_or(0);
-        let path = tmp.join(format!("{RUN_DIR_PREFIX}{}-{nonce}", std::process::id()));
+        remove_stale(tmp, |n| n.strip_prefix(RUN_DIR_PREFIX));
+        static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let path = tmp.join(format!("{RUN_DIR_PREFIX}{}-{n}", process_tag()));
         fs::create_dir(&path).map_err(io_err(&path))?;
         Ok(Self { path, next: 0 })
     }
@@ -893,12 +912,8 @@ const PROBE_REQUEST_BYTES: usize = 1 << 20;
 /// buffers of both streams within `buffer_bytes_max`, or 1 MiB requests).
 pub fn measure_bandwidth(dir: &Path, bytes: u64, buffer_bytes_max: usize) -> Result<Bandwidth> {
     const REQUEST: usize = PROBE_REQUEST_BYTES;
-    remove_stale(dir, |n| {
-        n.strip_prefix(PROBE_PREFIX)
-            .map(|p| p.trim_end_matches(PROBE_MIXED_SUFFIX))
-            .and_then(|p| p.parse().ok())
-    });
-    let path = dir.join(format!("{PROBE_PREFIX}{}", std::process::id()));
+    remove_stale(dir, |n| n.strip_prefix(PROBE_PREFIX));
+    let path = dir.join(format!("{PROBE_PREFIX}{}", process_tag()));
     let _cleanup = RemoveOnDrop(path.clone());
     let requests = bytes.div_ceil(REQUEST as u64).max(1);
     let start = Instant::now();
@@ -1102,15 +1117,36 @@ mod tests {
     }
 
     #[test]
+    fn a_tag_names_a_live_process_only_while_it_runs() {
+        let me = std::process::id();
+        assert_eq!(tag_is_live(&process_tag()), Some(true));
+        assert_eq!(tag_is_live(&format!("{}-7", process_tag())), Some(true));
+        assert_eq!(tag_is_live(&format!("{me}-1")), Some(false), "reused pid");
+        assert_eq!(tag_is_live(&format!("{me}")), Some(false), "older name");
+        assert_eq!(tag_is_live("999999999-1-0"), Some(false), "gone");
+        // pid 1 runs as long as the system does.
+        assert_eq!(tag_is_live("1-1"), Some(true));
+        assert_eq!(tag_is_live("1"), Some(true));
+        assert_eq!(tag_is_live("x-1"), None);
+        assert_eq!(tag_is_live(""), None);
+    }
+
+    #[test]
     fn atomic_file_appears_only_on_commit_and_stale_temps_go() {
         let dir = tempfile::tempdir().unwrap();
         let out = dir.path().join("out");
-        // A temp file of a process that no longer exists (pid 0 never runs
-        // user code; /proc/0 does not exist).
-        let stale = dir.path().join(format!(".out{TMP_MARK}999999999"));
-        fs::write(&stale, b"x").unwrap();
+        // Temp files of a process that no longer exists (pids stay below
+        // 2^22 on Linux) and of an earlier process with this one's pid.
+        let stale = [
+            dir.path().join(format!(".out{TMP_MARK}999999999")),
+            dir.path()
+                .join(format!(".out{TMP_MARK}{}-1", std::process::id())),
+        ];
+        for path in &stale {
+            fs::write(path, b"x").unwrap();
+        }
         let mut f = AtomicFile::create(&out).unwrap();
-        assert!(!stale.exists(), "stale temp removed");
+        assert!(stale.iter().all(|p| !p.exists()), "stale temps removed");
         f.write_all(b"hello").unwrap();
         assert!(!out.exists());
         drop(f);
