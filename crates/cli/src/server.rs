@@ -222,11 +222,7 @@ fn is_device_server(pid: u32) -> bool {
     let serving = args
         .windows(2)
         .any(|w| w[0] == b"device" && w[1] == b"serve");
-    let zombie = std::fs::read_to_string(format!("/proc/{pid}/stat"))
-        .ok()
-        .and_then(|s| s.rsplit_once(") ").map(|(_, rest)| rest.starts_with('Z')))
-        .unwrap_or(true);
-    serving && !zombie
+    serving && insitu_extsort::io::process_runs(pid)
 }
 
 fn log_tail(path: &Path) -> String {

@@ -128,8 +128,21 @@ pub fn tag_is_live(tag: &str) -> Option<bool> {
     Some(if pid == std::process::id() {
         start == Some(process_start())
     } else {
-        Path::new(&format!("/proc/{pid}")).exists()
+        process_runs(pid)
     })
+}
+
+/// Whether process `pid` runs: it exists and is not a zombie (a zombie
+/// has exited and released its files; only its parent has yet to reap
+/// it).
+pub fn process_runs(pid: u32) -> bool {
+    fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|stat| {
+            let (_, state) = stat.rsplit_once(") ")?;
+            Some(!state.starts_with('Z'))
+        })
+        .unwrap_or(false)
 }
 
 /// Removes the entries of `dir` whose name `tag` maps to the tag of a
@@ -1114,6 +1127,23 @@ mod tests {
             peak_rss_bytes()
         );
         drop(touched);
+    }
+
+    #[test]
+    fn an_exited_child_not_yet_reaped_does_not_run() {
+        let mut child = std::process::Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .unwrap();
+        assert!(process_runs(child.id()));
+        child.kill().unwrap();
+        let deadline = Instant::now() + std::time::Duration::from_secs(10);
+        while process_runs(child.id()) && Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        assert!(!process_runs(child.id()), "a zombie does not run");
+        child.wait().unwrap();
+        assert!(!process_runs(999_999_999));
     }
 
     #[test]
