@@ -1,5 +1,6 @@
 //! `insitu`: near-data analytics over computational storage devices.
 
+mod allocator;
 mod bench;
 mod demo;
 mod output;
@@ -245,52 +246,13 @@ pub struct DemoArgs {
     pub cluster: Option<PathBuf>,
 }
 
-/// Tunes glibc's allocator to keep freed memory for reuse, unless the user
-/// tuned it (`MALLOC_*` or `GLIBC_TUNABLES` in the environment).
-///
-/// By default glibc maps blocks past 128 KiB fresh from the kernel and
-/// trims freed heap memory back to it, so each query pays page faults and
-/// kernel page zeroing again for the batches the last one freed: perf
-/// showed half of an ORDER BY over lineitem SF1 in `clear_page_erms`.
-/// With blocks up to 32 MiB taken from the heap, freed heap memory kept
-/// (up to 2 GiB at its top) and at most two arenas (so memory freed by the
-/// host's threads serves the devices' threads), the same query took 1.31M
-/// page faults over 5 runs instead of 2.19M (`perf stat -e page-faults
-/// insitu bench sql ... --runs 4`).
-///
-/// One arena, not two: glibc gives a second arena its memory in 64 MiB
-/// heaps and unmaps each heap as soon as it is empty, so an invocation
-/// sometimes spent its time creating and deleting heaps (5832 `munmap`
-/// calls and 22.2 s of CPU for 8 queries, against 119 and 14.0 s for the
-/// next invocation). Over three alternating invocations of `bench sql
-/// "select * from lineitem order by l_partkey" --runs 7 --threads 1`, one
-/// arena gave medians of 0.818-0.874 s and 13.3-14.2 s of CPU, two
-/// arenas 0.936-0.996 s and 14.7-16.0 s.
-fn keep_freed_memory() {
-    let tuned = std::env::vars_os().any(|(k, _)| {
-        let k = k.to_string_lossy();
-        k.starts_with("MALLOC_") || k == "GLIBC_TUNABLES"
-    });
-    #[cfg(all(target_os = "linux", target_env = "gnu"))]
-    if !tuned {
-        // SAFETY: mallopt only sets allocator parameters; it is called
-        // before any other thread exists.
-        unsafe {
-            libc::mallopt(libc::M_MMAP_THRESHOLD, 32 << 20);
-            libc::mallopt(libc::M_TRIM_THRESHOLD, i32::MAX);
-            libc::mallopt(libc::M_ARENA_MAX, 1);
-        }
-    }
-    let _ = tuned;
-}
-
 /// Counts heap bytes while `extsort` meters its sort (one relaxed load per
 /// allocation otherwise).
 #[global_allocator]
 static ALLOCATOR: insitu_extsort::heap::MeteredAllocator = insitu_extsort::heap::MeteredAllocator;
 
 fn main() -> ExitCode {
-    keep_freed_memory();
+    allocator::tune();
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("INSITU_LOG")
