@@ -156,7 +156,8 @@ def sustained_regions(size):
     """Bytes each sustained-rate measurement reads, and where each of the
     four starts: a quarter of the input each, up to 1 GiB, or all of one
     region if a quarter is under 8 MiB."""
-    region = min(size // 4, SUSTAINED_BYTES_MAX)
+    # Whole MiB: direct reads start at aligned offsets.
+    region = min(size // 4, SUSTAINED_BYTES_MAX) >> 20 << 20
     if region < SUSTAINED_READ_REQUESTS[0]:
         return min(size, SUSTAINED_BYTES_MAX), [0, 0, 0, 0]
     return region, [0, region, 2 * region, 3 * region]
@@ -308,7 +309,10 @@ def main() -> int:
                 else:
                     secs = result
                 times[name].append(secs)
-                log.write(json.dumps({"rep": rep, "engine": name, "secs": secs, "bytes": n}) + "\n")
+                row = {"rep": rep, "engine": name, "secs": secs, "bytes": n}
+                if name == "insitu extsort":
+                    row["runs"] = result["runs"]
+                log.write(json.dumps(row) + "\n")
                 log.flush()
                 print(f"  rep {rep}: {name} {secs:.2f} s", file=sys.stderr)
     shutil.rmtree(tmp, ignore_errors=True)
@@ -340,6 +344,9 @@ def main() -> int:
         print(f"  rep {i} by request size: read {sizes(p[2])}; write {sizes(p[3])}")
     print(f"insitu plan: {insitu_runs[0]['plan'][len('plan: '):]}")
     print(f"insitu {insitu_runs[0]['runs']}")
+    # The model picks the run codec from each rep's own probe.
+    picked = [r["runs"].split()[1].rstrip(";") for r in insitu_runs]
+    print(f"insitu run codec its model picked, per rep: {', '.join(picked)}")
     for line in insitu_runs[0]["memory"].splitlines():
         print(f"insitu {line}")
     print()
