@@ -225,19 +225,19 @@ pub async fn compare(
 
 pub fn markdown_table(results: &[QueryResult]) -> String {
     let mut md = String::from(
-        "| query | push (s) | pull (s) | speedup | link bytes push | link bytes pull | link reduction | device bytes read push | device bytes read pull | answers match |\n\
+        "| query | push (s) | pull (s) | speedup | link bytes push | link bytes pull | link bytes, push vs pull | device bytes read push | device bytes read pull | answers match |\n\
          |---|---:|---:|---:|---:|---:|---:|---:|---:|---|\n",
     );
     for r in results {
         md.push_str(&format!(
-            "| Q{} | {:.3} | {:.3} | {:.2}x | {} | {} | {:.0}x | {} | {} | {} |\n",
+            "| Q{} | {:.3} | {:.3} | {:.2}x | {} | {} | {} | {} | {} | {} |\n",
             r.query,
             r.push.median_secs,
             r.pull.median_secs,
             r.speedup,
             human_bytes(r.push.link_bytes),
             human_bytes(r.pull.link_bytes),
-            r.link_reduction,
+            crate::units::link_reduction_words(r.link_reduction),
             human_bytes(r.push.device_bytes_read),
             human_bytes(r.pull.device_bytes_read),
             if r.answers_match { "yes" } else { "NO" },

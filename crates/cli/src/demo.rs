@@ -2,6 +2,7 @@
 
 use crate::bench::{compare, markdown_table, tpch_cluster, tpch_devices};
 use crate::session::{default_demo_root, Target};
+use crate::units::link_reduction_words;
 use crate::{DemoArgs, DeviceArgs};
 
 /// Queries the demo runs.
@@ -37,8 +38,10 @@ pub async fn run(a: DemoArgs) -> Result<(), String> {
     );
     let results = compare(&target, a.link, &DEMO_QUERIES, 1, |r| {
         eprintln!(
-            "Q{} done: {:.2}x faster with pushdown, {:.0}x fewer link bytes",
-            r.query, r.speedup, r.link_reduction
+            "Q{} done: {:.2}x faster with pushdown, {} link bytes",
+            r.query,
+            r.speedup,
+            link_reduction_words(r.link_reduction)
         )
     })
     .await?;

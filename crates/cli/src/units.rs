@@ -52,6 +52,22 @@ pub fn human_bytes(n: u64) -> String {
     }
 }
 
+/// How many times fewer link bytes pushdown moved than pull (`ratio` =
+/// pull / push), as words: whole numbers from 10x, two decimals below,
+/// and under 1x the other way round, so that pushdown moving more is
+/// never shown as "1x fewer".
+pub fn link_reduction_words(ratio: f64) -> String {
+    if ratio >= 10.0 {
+        format!("{ratio:.0}x fewer")
+    } else if ratio >= 1.0 {
+        format!("{ratio:.2}x fewer")
+    } else if ratio > 0.0 {
+        format!("{:.2}x more", 1.0 / ratio)
+    } else {
+        "no link bytes to compare".into()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -67,5 +83,13 @@ mod tests {
             .unwrap_err()
             .contains("unknown size unit"));
         assert_eq!(human_bytes(1536), "1.50 KiB");
+    }
+
+    #[test]
+    fn link_reductions_under_one_say_more() {
+        assert_eq!(link_reduction_words(1617.4), "1617x fewer");
+        assert_eq!(link_reduction_words(1.547), "1.55x fewer");
+        assert_eq!(link_reduction_words(85.40 / 140.83), "1.65x more");
+        assert_eq!(link_reduction_words(0.0), "no link bytes to compare");
     }
 }
