@@ -4,7 +4,7 @@
 //! ```text
 //!  start ──user tuned?──yes──▶ run as told
 //!    │ no
-//!    ├──▶ exec /proc/self/exe, same arguments, GLIBC_TUNABLES = TUNABLES
+//!    ├──▶ exec /proc/self/exe, same arguments, GLIBC_TUNABLES = tunables()
 //!    │      └──▶ start (marker set): drop marker and GLIBC_TUNABLES, run
 //!    └──▶ exec failed (no /proc): mallopt what mallopt can set, run
 //! ```
@@ -45,11 +45,29 @@
 //! (`insitu --version`: 14.5 ms against 7.5 ms with `GLIBC_TUNABLES` set,
 //! medians of 20).
 
-/// Tunables the process re-executes itself with (see the module doc).
-pub const TUNABLES: &str = "glibc.malloc.hugetlb=1:glibc.malloc.mmap_threshold=33554432:\
-                            glibc.malloc.trim_threshold=2147483647:glibc.malloc.arena_max=1";
+/// Blocks up to this size come from the heap, larger ones are mapped
+/// fresh (`mmap_threshold`; 32 MiB is glibc's largest).
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
+const MMAP_THRESHOLD_BYTES: i32 = 32 << 20;
+/// Freed memory at the heap's top kept rather than returned
+/// (`trim_threshold`): all of it.
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
+const TRIM_THRESHOLD_BYTES: i32 = i32::MAX;
+/// Arenas glibc may create (`arena_max`).
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
+const ARENAS_MAX: i32 = 1;
 
-/// Set beside [`TUNABLES`] when re-executing, so the new process knows
+/// The `GLIBC_TUNABLES` value the process re-executes itself with (see
+/// the module doc): huge pages, and what [`set_with_mallopt`] sets.
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
+fn tunables() -> String {
+    format!(
+        "glibc.malloc.hugetlb=1:glibc.malloc.mmap_threshold={MMAP_THRESHOLD_BYTES}:\
+         glibc.malloc.trim_threshold={TRIM_THRESHOLD_BYTES}:glibc.malloc.arena_max={ARENAS_MAX}"
+    )
+}
+
+/// Set beside [`tunables`] when re-executing, so the new process knows
 /// `GLIBC_TUNABLES` holds insitu's tunables, not the user's.
 const REEXEC_MARKER: &str = "INSITU_ALLOCATOR_TUNED";
 
@@ -83,7 +101,7 @@ fn user_tuned() -> bool {
 }
 
 /// Replaces this process with a fresh run of the same executable and
-/// arguments under [`TUNABLES`]; returns only the error if it cannot.
+/// arguments under [`tunables`]; returns only the error if it cannot.
 #[cfg(all(target_os = "linux", target_env = "gnu"))]
 fn reexec_with_tunables() -> std::io::Error {
     use std::os::unix::process::CommandExt;
@@ -94,19 +112,19 @@ fn reexec_with_tunables() -> std::io::Error {
     }
     command
         .args(args)
-        .env("GLIBC_TUNABLES", TUNABLES)
+        .env("GLIBC_TUNABLES", tunables())
         .env(REEXEC_MARKER, "1")
         .exec()
 }
 
-/// [`TUNABLES`] less huge pages, which mallopt cannot set.
+/// [`tunables`] less huge pages, which mallopt cannot set.
 #[cfg(all(target_os = "linux", target_env = "gnu"))]
 fn set_with_mallopt() {
     // SAFETY: mallopt only sets allocator parameters; it is called before
     // any other thread exists.
     unsafe {
-        libc::mallopt(libc::M_MMAP_THRESHOLD, 32 << 20);
-        libc::mallopt(libc::M_TRIM_THRESHOLD, i32::MAX);
-        libc::mallopt(libc::M_ARENA_MAX, 1);
+        libc::mallopt(libc::M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES);
+        libc::mallopt(libc::M_TRIM_THRESHOLD, TRIM_THRESHOLD_BYTES);
+        libc::mallopt(libc::M_ARENA_MAX, ARENAS_MAX);
     }
 }
