@@ -10,6 +10,7 @@
 # once with `insitu gensort --ascii` under DIR (default: the insitu data
 # directory); outputs and temp runs go to DIR too, so it needs about 3x the
 # data free. Writes bench/results/extsort-{RECORDS}.{md,jsonl}.
+# INSITU_BENCH_SETTLE_SECS sets the rest before each run (default 20 s).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 records="${1:-80000000}"
@@ -30,6 +31,7 @@ fi
 mkdir -p bench/results
 out="bench/results/extsort-$records"
 "$venv/bin/python" bench/extsort.py --insitu "$insitu" --input "$input" --work "$dir/work" \
-  --mem-mib "$mem_mib" --runs "$runs" --out "$out.jsonl" > "$out.md.tmp"
+  --mem-mib "$mem_mib" --runs "$runs" --settle-secs "${INSITU_BENCH_SETTLE_SECS:-20}" \
+  --out "$out.jsonl" > "$out.md.tmp"
 mv "$out.md.tmp" "$out.md"
 cat "$out.md"
