@@ -278,7 +278,8 @@ def main() -> int:
     probes = []
     sustained = []
     dropped = True
-    with open(args.out, "w") as log:
+    log_tmp = args.out + ".tmp"  # renamed once every run is done
+    with open(log_tmp, "w") as log:
         names = list(engines)
         for rep in range(args.runs):
             shutil.rmtree(tmp, ignore_errors=True)
@@ -315,6 +316,7 @@ def main() -> int:
                 log.write(json.dumps(row) + "\n")
                 log.flush()
                 print(f"  rep {rep}: {name} {secs:.2f} s", file=sys.stderr)
+    os.replace(log_tmp, args.out)
     shutil.rmtree(tmp, ignore_errors=True)
     if os.path.exists(out):
         os.remove(out)

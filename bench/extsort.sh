@@ -30,6 +30,8 @@ if [ ! -f "$input" ]; then
 fi
 mkdir -p bench/results
 out="bench/results/extsort-$records"
+# A failed run leaves no partial results behind.
+trap 'rm -f "$out.md.tmp" "$out.jsonl.tmp"' EXIT
 "$venv/bin/python" bench/extsort.py --insitu "$insitu" --input "$input" --work "$dir/work" \
   --mem-mib "$mem_mib" --runs "$runs" --settle-secs "${INSITU_BENCH_SETTLE_SECS:-20}" \
   --out "$out.jsonl" > "$out.md.tmp"

@@ -35,6 +35,8 @@ for key in l_partkey l_shipmode l_shipinstruct l_extendedprice l_orderkey; do
 done
 mkdir -p bench/results
 out="bench/results/orderby-sf${sf}"
+# A failed run leaves no partial results behind.
+trap 'rm -f "$out.md.tmp" "$out.jsonl.tmp"' EXIT
 "$venv/bin/python" bench/orderby.py --insitu "$insitu" --root "$data/parquet" \
   --hybrid-root "$data/hybrid" --runs "$runs" --threads "$threads" \
   --device-threads "$per_device" --out "$out.jsonl" > "$out.md.tmp"

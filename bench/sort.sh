@@ -18,6 +18,8 @@ if [ ! -x "$venv/bin/python" ]; then python3 -m venv "$venv"; fi
 "$venv/bin/pip" install --quiet -r bench/requirements.txt
 mkdir -p bench/results
 out="bench/results/sortbench-${rows}"
+# A failed run leaves no partial results behind.
+trap 'rm -f "$out.md.tmp" "$out.jsonl.tmp"' EXIT
 "$CARGO_TARGET_DIR/release/sortbench" --rows "$rows" --reps "$reps" --threads "$threads" \
   --python "$venv/bin/python" > "$out.md.tmp" 2> "$out.jsonl.tmp"
 mv "$out.md.tmp" "$out.md"
