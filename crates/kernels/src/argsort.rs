@@ -26,7 +26,7 @@ use arrow::datatypes::{ArrowNativeType, DataType};
 use arrow::error::ArrowError;
 
 use crate::mem::take_vec;
-use crate::radix::{sort_pairs, sort_pairs_in_range, RadixKey, SortIndex};
+use crate::radix::{sort_order, sort_pairs, sort_pairs_in_range, ChunkCounts, RadixKey, SortIndex};
 
 /// How many threads a kernel may use; 1 by default.
 #[derive(Debug, Clone, Copy)]
@@ -93,27 +93,44 @@ pub(crate) enum NormalizedKeys<I> {
 /// Non-null keys with their row indices, and null rows in input order.
 pub(crate) struct Split<K, I> {
     pub keys: Vec<K>,
-    pub rows: Vec<I>,
+    /// The row of each key; `None` when key `i` is row `i`'s (no nulls).
+    pub rows: Option<Vec<I>>,
     pub nulls: Vec<I>,
     pub nulls_first: bool,
     /// The smallest and largest key, if known (saves the sort a pass).
     pub range: Option<(K, K)>,
+    /// Counts of the keys' top byte, if known (saves the sort a pass).
+    pub top_counts: Option<ChunkCounts>,
+}
+
+/// Row indices `0..n`.
+fn row_numbers<I: SortIndex>(n: usize) -> Vec<I> {
+    let mut rows = take_vec(n);
+    rows.extend((0..n).map(I::from_usize));
+    rows
 }
 
 impl<K: RadixKey, I: SortIndex> Split<K, I> {
     fn sort(self, threads: usize) -> Vec<I> {
         let Split {
             keys,
-            mut rows,
+            rows,
             nulls,
             nulls_first,
             range,
+            top_counts,
         } = self;
-        match range {
-            Some((min, max)) => sort_pairs_in_range(keys, &mut rows, threads, min, max),
-            None => sort_pairs(keys, &mut rows, threads),
-        }
-        join_nulls(rows, nulls, nulls_first)
+        let sorted_rows = match rows {
+            Some(mut rows) => {
+                match range {
+                    Some((min, max)) => sort_pairs_in_range(keys, &mut rows, threads, min, max),
+                    None => sort_pairs(keys, &mut rows, threads),
+                }
+                rows
+            }
+            None => sort_order(keys, threads, range, top_counts),
+        };
+        join_nulls(sorted_rows, nulls, nulls_first)
     }
 
     /// The first `k` rows of the sorted order, without sorting the rest.
@@ -124,7 +141,9 @@ impl<K: RadixKey, I: SortIndex> Split<K, I> {
             nulls,
             nulls_first,
             range: _,
+            top_counts: _,
         } = self;
+        let rows = rows.unwrap_or_else(|| row_numbers(keys.len()));
         if nulls_first && nulls.len() >= k {
             return nulls[..k].to_vec();
         }
@@ -176,11 +195,11 @@ impl<I: SortIndex> NormalizedKeys<I> {
     /// (row, key widened to u128) of every non-null row.
     pub(crate) fn row_keys(&self) -> Vec<(usize, u128)> {
         fn pairs<K: RadixKey, I: SortIndex>(s: &Split<K, I>) -> Vec<(usize, u128)> {
-            s.rows
-                .iter()
-                .map(|r| r.as_usize())
-                .zip(s.keys.iter().map(|k| k.to_u128()))
-                .collect()
+            let keys = s.keys.iter().map(|k| k.to_u128());
+            match &s.rows {
+                Some(rows) => rows.iter().map(|r| r.as_usize()).zip(keys).collect(),
+                None => keys.enumerate().collect(),
+            }
         }
         match self {
             NormalizedKeys::U32(s) => pairs(s),
@@ -319,97 +338,113 @@ fn split<K: RadixKey + std::ops::Not<Output = K>, I: SortIndex>(
     threads: usize,
     key: impl Fn(usize) -> K + Sync,
 ) -> Split<K, I> {
-    let null_count = nulls.map_or(0, |b| b.null_count());
+    let flip = |k: K| if descending { !k } else { k };
+    let Some(valid) = nulls.filter(|b| b.null_count() > 0) else {
+        let mut keys = take_vec(n);
+        let filled = fill_keys(&mut keys, n, threads, |i| flip(key(i)));
+        return Split {
+            keys,
+            rows: None,
+            nulls: vec![],
+            nulls_first,
+            range: filled.as_ref().map(|f| f.range),
+            top_counts: filled.map(|f| f.top_counts),
+        };
+    };
+    let null_count = valid.null_count();
     let mut out = Split {
         keys: take_vec(n - null_count),
-        rows: take_vec(n - null_count),
+        rows: None,
         nulls: Vec::with_capacity(null_count),
         nulls_first,
         range: None,
+        top_counts: None,
     };
-    let flip = |k: K| if descending { !k } else { k };
-    match nulls.filter(|b| b.null_count() > 0) {
-        None => {
-            out.range =
-                fill_keys_and_rows(&mut out.keys, &mut out.rows, n, threads, |i| flip(key(i)));
-        }
-        Some(valid) => {
-            for i in 0..n {
-                if valid.is_valid(i) {
-                    out.keys.push(flip(key(i)));
-                    out.rows.push(I::from_usize(i));
-                } else {
-                    out.nulls.push(I::from_usize(i));
-                }
-            }
+    let mut rows = take_vec(n - null_count);
+    for i in 0..n {
+        if valid.is_valid(i) {
+            out.keys.push(flip(key(i)));
+            rows.push(I::from_usize(i));
+        } else {
+            out.nulls.push(I::from_usize(i));
         }
     }
+    out.rows = Some(rows);
     out
 }
 
 /// Inputs shorter than this are transformed on one thread.
 const PARALLEL_SPLIT_ROWS_MIN: usize = 1 << 20;
 
-/// `keys[i] = key(i)`, `rows[i] = i` for `i < n`, into empty vectors with
-/// room for `n`, split over `threads`. Returns the smallest and largest
-/// key (None if `n` is 0), found on the way rather than in a pass of the
-/// sort's own.
-fn fill_keys_and_rows<K: RadixKey, I: SortIndex>(
+/// What [`fill_keys`] learns of the keys on the way, saving the sort a
+/// pass each.
+struct Filled<K> {
+    /// The smallest and largest key.
+    range: (K, K),
+    /// Counts of the keys' top byte, per chunk of the fill's threads.
+    top_counts: ChunkCounts,
+}
+
+/// `keys[i] = key(i)` for `i < n`, into an empty vector with room for `n`,
+/// split over `threads`. Returns the keys' range and top-byte counts (None
+/// if `n` is 0).
+fn fill_keys<K: RadixKey>(
     keys: &mut Vec<K>,
-    rows: &mut Vec<I>,
     n: usize,
     threads: usize,
     key: impl Fn(usize) -> K + Sync,
-) -> Option<(K, K)> {
-    assert!(keys.is_empty() && rows.is_empty() && keys.capacity() >= n && rows.capacity() >= n);
-    let fill = |start: usize,
-                k: &mut [std::mem::MaybeUninit<K>],
-                r: &mut [std::mem::MaybeUninit<I>]|
-     -> Option<(K, K)> {
+) -> Option<Filled<K>> {
+    assert!(keys.is_empty() && keys.capacity() >= n);
+    let fill = |start: usize, k: &mut [std::mem::MaybeUninit<K>]| -> ((K, K), [usize; 256]) {
         let first = key(start);
         let (mut lo, mut hi) = (first, first);
-        for (j, (k, r)) in k.iter_mut().zip(r.iter_mut()).enumerate() {
+        let mut counts = [0usize; 256];
+        for (j, k) in k.iter_mut().enumerate() {
             let v = key(start + j);
             lo = lo.min(v);
             hi = hi.max(v);
+            counts[v.byte(0)] += 1;
             k.write(v);
-            r.write(I::from_usize(start + j));
         }
-        (!r.is_empty()).then_some((lo, hi))
+        ((lo, hi), counts)
     };
-    let (k_out, r_out) = (
-        &mut keys.spare_capacity_mut()[..n],
-        &mut rows.spare_capacity_mut()[..n],
-    );
-    let range = if n == 0 {
-        None
-    } else if threads < 2 || n < PARALLEL_SPLIT_ROWS_MIN {
-        fill(0, k_out, r_out)
+    if n == 0 {
+        return None;
+    }
+    let out = &mut keys.spare_capacity_mut()[..n];
+    let chunk = if threads < 2 || n < PARALLEL_SPLIT_ROWS_MIN {
+        n
     } else {
-        let chunk = n.div_ceil(threads);
-        let ranges: Vec<Option<(K, K)>> = std::thread::scope(|s| {
-            let handles: Vec<_> = k_out
+        n.div_ceil(threads)
+    };
+    let parts: Vec<((K, K), [usize; 256])> = if chunk == n {
+        vec![fill(0, out)]
+    } else {
+        std::thread::scope(|s| {
+            let handles: Vec<_> = out
                 .chunks_mut(chunk)
-                .zip(r_out.chunks_mut(chunk))
                 .enumerate()
-                .map(|(t, (k, r))| {
+                .map(|(t, k)| {
                     let fill = &fill;
-                    s.spawn(move || fill(t * chunk, k, r))
+                    s.spawn(move || fill(t * chunk, k))
                 })
                 .collect();
             handles.into_iter().map(|h| h.join().unwrap()).collect()
-        });
-        ranges
-            .into_iter()
-            .flatten()
-            .reduce(|a, b| (a.0.min(b.0), a.1.max(b.1)))
+        })
     };
-    // SAFETY: every one of the first n slots of both was written above.
-    unsafe {
-        keys.set_len(n);
-        rows.set_len(n);
-    }
-    range
+    // SAFETY: every one of the first n slots was written above.
+    unsafe { keys.set_len(n) };
+    let range = parts
+        .iter()
+        .map(|p| p.0)
+        .reduce(|a, b| (a.0.min(b.0), a.1.max(b.1)))
+        .expect("n > 0 keys make a chunk");
+    let top_counts = ChunkCounts {
+        chunk,
+        level: 0,
+        counts: parts.into_iter().map(|p| p.1).collect(),
+    };
+    Some(Filled { range, top_counts })
 }
 
 /// Order-preserving image of an f64: NaN above +inf, -0.0 equal to 0.0.

@@ -126,13 +126,13 @@ fn fixed_width_keys<I: SortIndex>(rows: &Rows) -> Option<NormalizedKeys<I>> {
         u128::from_be_bytes(bytes)
     };
     fn split<K, I: SortIndex>(keys: Vec<K>) -> Split<K, I> {
-        let rows = (0..keys.len()).map(I::from_usize).collect();
         Split {
             keys,
-            rows,
+            rows: None,
             nulls: vec![],
             nulls_first: false,
             range: None,
+            top_counts: None,
         }
     }
     Some(match width {

@@ -304,7 +304,13 @@ fn argsort_of_large_inputs_on_threads_matches_reference() {
             rng.random_range(-1e3..1e3f64).round()
         }
     })));
-    for array in [ints, floats] {
+    // Full-width keys with few top bytes: large top-level buckets, sorted
+    // from counts the key transform took on its threads.
+    let wide: ArrayRef =
+        Arc::new(UInt64Array::from_iter_values((0..n).map(|_| {
+            (rng.random_range(0..4u64) * 85) << 56 | rng.random_range(0..1u64 << 20)
+        })));
+    for array in [ints, floats, wide] {
         for o in all_options() {
             let want = ref_order(&[(Arc::clone(&array), o)]);
             for threads in [1, 2, 3] {
