@@ -474,9 +474,9 @@ unsafe fn scatter_raw<K: RadixKey, I: SortIndex>(
 /// `chunk` consecutive keys (the last chunk may be shorter).
 ///
 /// The top-level scatter trusts these counts to keep its threads' writes
-/// apart, so only this crate builds them other than by [`ChunkCounts::of`].
+/// apart (and within bounds), so they never leave this crate.
 #[derive(Debug, Clone)]
-pub struct ChunkCounts {
+pub(crate) struct ChunkCounts {
     pub(crate) chunk: usize,
     pub(crate) level: usize,
     pub(crate) counts: Vec<[usize; 256]>,
@@ -484,7 +484,7 @@ pub struct ChunkCounts {
 
 impl ChunkCounts {
     /// Counts byte `level` of `keys` in chunks of `chunk`, a thread each.
-    pub fn of<K: RadixKey>(keys: &[K], chunk: usize, level: usize) -> Self {
+    pub(crate) fn of<K: RadixKey>(keys: &[K], chunk: usize, level: usize) -> Self {
         let counts = std::thread::scope(|s| {
             let handles: Vec<_> = keys
                 .chunks(chunk.max(1))
@@ -506,7 +506,10 @@ impl ChunkCounts {
 ///
 /// When the keys span every byte, the row indices are never materialized in
 /// input order: the top-level scatter writes them as it goes.
-pub fn sort_order<K: RadixKey, I: SortIndex>(
+///
+/// `top`, if given, must count these very keys (its scatter's writes stay
+/// in bounds only then); so this is not public.
+pub(crate) fn sort_order<K: RadixKey, I: SortIndex>(
     keys: Vec<K>,
     threads: usize,
     range: Option<(K, K)>,
@@ -609,6 +612,12 @@ fn top_level<K: RadixKey, I: SortIndex>(
         top.counts.len(),
         n.div_ceil(chunk),
         "one histogram per chunk"
+    );
+    assert!(
+        keys.chunks(chunk)
+            .zip(&top.counts)
+            .all(|(part, h)| h.iter().sum::<usize>() == part.len()),
+        "each chunk's histogram counts as many keys as the chunk holds"
     );
     debug_assert!(
         keys.chunks(chunk)
