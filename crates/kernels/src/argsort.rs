@@ -352,25 +352,25 @@ fn split<K: RadixKey + std::ops::Not<Output = K>, I: SortIndex>(
         };
     };
     let null_count = valid.null_count();
-    let mut out = Split {
-        keys: take_vec(n - null_count),
-        rows: None,
-        nulls: Vec::with_capacity(null_count),
+    let mut keys = take_vec(n - null_count);
+    let mut rows = take_vec(n - null_count);
+    let mut nulls = Vec::with_capacity(null_count);
+    for i in 0..n {
+        if valid.is_valid(i) {
+            keys.push(flip(key(i)));
+            rows.push(I::from_usize(i));
+        } else {
+            nulls.push(I::from_usize(i));
+        }
+    }
+    Split {
+        keys,
+        rows: Some(rows),
+        nulls,
         nulls_first,
         range: None,
         top_counts: None,
-    };
-    let mut rows = take_vec(n - null_count);
-    for i in 0..n {
-        if valid.is_valid(i) {
-            out.keys.push(flip(key(i)));
-            rows.push(I::from_usize(i));
-        } else {
-            out.nulls.push(I::from_usize(i));
-        }
     }
-    out.rows = Some(rows);
-    out
 }
 
 /// Inputs shorter than this are transformed on one thread.

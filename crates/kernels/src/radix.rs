@@ -139,8 +139,49 @@ pub fn sort_pairs_in_range<K: RadixKey, I: SortIndex>(
     min: K,
     max: K,
 ) {
-    assert_eq!(keys.len(), idx.len(), "one index per key");
+    let rows = Rows {
+        idx,
+        numbered: false,
+    };
+    sort_in_range(keys, rows, threads, (min, max), None)
+}
+
+/// The row indices a sort permutes: `idx` as given, or, when `numbered`,
+/// row `i`'s index is `i` and `idx` holds nothing yet (the sort writes
+/// the numbers as it goes instead of reading them).
+struct Rows<'a, I> {
+    idx: &'a mut [I],
+    numbered: bool,
+}
+
+impl<I: SortIndex> Rows<'_, I> {
+    /// `idx` with the row numbers written in, if they are not yet.
+    fn materialized(self) -> Self {
+        if self.numbered {
+            for (i, r) in self.idx.iter_mut().enumerate() {
+                *r = I::from_usize(i);
+            }
+        }
+        Rows {
+            idx: self.idx,
+            numbered: false,
+        }
+    }
+}
+
+/// Sorts `keys` (within `min..=max`) with their rows; `top`, counts of the
+/// keys' top byte, is used when the keys are sorted unchanged (not rebased
+/// or narrowed) and it was taken in the chunks the sort's threads take.
+fn sort_in_range<K: RadixKey, I: SortIndex>(
+    keys: Vec<K>,
+    rows: Rows<I>,
+    threads: usize,
+    (min, max): (K, K),
+    top: Option<ChunkCounts>,
+) {
+    assert_eq!(keys.len(), rows.idx.len(), "one index per key");
     if keys.len() < 2 {
+        rows.materialized();
         return;
     }
     debug_assert!(
@@ -149,33 +190,36 @@ pub fn sort_pairs_in_range<K: RadixKey, I: SortIndex>(
     );
     let range = max.wrapping_sub(min);
     match range.significant_bytes() {
-        0 => {} // all keys equal: input order is the stable order
-        n if n == K::BYTES => sort_narrowed(keys, idx, n, threads), // rebasing gains nothing
+        0 => {
+            // All keys equal: input order is the stable order.
+            rows.materialized();
+        }
+        n if n == K::BYTES => sort_narrowed(keys, rows, n, threads, top), // rebasing gains nothing
         n if n * 2 > K::BYTES || K::BYTES == 4 => {
             // Narrowing would not halve the width: rebase in place.
             let mut keys = keys;
             if min != K::default() {
                 keys.iter_mut().for_each(|k| *k = k.wrapping_sub(min));
             }
-            sort_narrowed(keys, idx, n, threads);
+            sort_narrowed(keys, rows, n, threads, None);
         }
         1..=4 => {
             let mut narrow: Vec<u32> = take_vec(keys.len());
             narrow.extend(keys.iter().map(|&k| k.wrapping_sub(min).to_u128() as u32));
             recycle(keys);
-            sort_narrowed(narrow, idx, range.significant_bytes(), threads);
+            sort_narrowed(narrow, rows, range.significant_bytes(), threads, None);
         }
         5..=8 => {
             let mut narrow: Vec<u64> = take_vec(keys.len());
             narrow.extend(keys.iter().map(|&k| k.wrapping_sub(min).to_u128() as u64));
             recycle(keys);
-            sort_narrowed(narrow, idx, range.significant_bytes(), threads);
+            sort_narrowed(narrow, rows, range.significant_bytes(), threads, None);
         }
         n => {
             let mut rebased: Vec<u128> = take_vec(keys.len());
             rebased.extend(keys.iter().map(|&k| k.wrapping_sub(min).to_u128()));
             recycle(keys);
-            sort_narrowed(rebased, idx, n, threads);
+            sort_narrowed(rebased, rows, n, threads, None);
         }
     }
 }
@@ -201,47 +245,57 @@ fn min_max<K: RadixKey>(keys: &[K], threads: usize) -> (K, K) {
         .unwrap()
 }
 
-/// Sorts keys that use only their low `bytes` bytes.
+/// Sorts keys that use only their low `bytes` bytes; `top` as in
+/// [`sort_in_range`].
 fn sort_narrowed<K: RadixKey, I: SortIndex>(
     mut keys: Vec<K>,
-    idx: &mut [I],
+    rows: Rows<I>,
     bytes: usize,
     threads: usize,
+    top: Option<ChunkCounts>,
 ) {
     let first_level = K::BYTES - bytes;
-    if keys.len() < RADIX_ROWS_MIN {
-        comparison_sort(&mut keys, idx);
-        return;
-    }
-    // Written before read: pooled memory needs no clearing.
-    let mut scratch_keys: Vec<K> = take_vec_filled(keys.len());
-    let mut scratch_idx: Vec<I> = take_vec_filled(idx.len());
-    if keys.len() >= PARALLEL_ROWS_MIN {
-        // Leaves the keys unsorted: only the order is wanted.
-        parallel_top_level(
-            &mut keys,
+    let n = keys.len();
+    if n < PARALLEL_ROWS_MIN {
+        let idx = rows.materialized().idx;
+        if n < RADIX_ROWS_MIN {
+            return comparison_sort(&mut keys, idx);
+        }
+        // Written before read: pooled memory needs no clearing.
+        let mut scratch_keys: Vec<K> = take_vec_filled(n);
+        let mut scratch_idx: Vec<I> = take_vec_filled(n);
+        let buffers = Buffers {
+            keys: &mut keys,
             idx,
-            &mut scratch_keys,
-            &mut scratch_idx,
-            first_level,
-            threads.max(1),
-        );
-    } else {
-        msd(
-            Buffers {
-                keys: &mut keys,
-                idx,
-                scratch_keys: &mut scratch_keys,
-                scratch_idx: &mut scratch_idx,
-            },
-            first_level,
-            true,
-        );
+            scratch_keys: &mut scratch_keys,
+            scratch_idx: &mut scratch_idx,
+        };
+        msd(buffers, first_level, true);
         debug_assert!(keys.windows(2).all(|w| w[0] <= w[1]), "keys sorted");
+        recycle(scratch_keys);
+        recycle(scratch_idx);
+    } else {
+        let threads = threads.max(1);
+        let chunk = n.div_ceil(threads);
+        let top = match top {
+            Some(top) if top.chunk == chunk && top.level == first_level => top,
+            _ => ChunkCounts::of(&keys, chunk, first_level),
+        };
+        let mut scratch_keys: Vec<K> = take_vec_filled(n);
+        let mut scratch_idx: Vec<I> = take_vec_filled(n);
+        let buffers = TopLevel {
+            keys: &mut keys,
+            idx: rows.idx,
+            idx_is_row_number: rows.numbered,
+            scratch_keys: &mut scratch_keys,
+            scratch_idx: &mut scratch_idx,
+        };
+        // Leaves the keys unsorted: only the order is wanted.
+        top_level(buffers, &top, threads);
+        recycle(scratch_keys);
+        recycle(scratch_idx);
     }
     recycle(keys);
-    recycle(scratch_keys);
-    recycle(scratch_idx);
 }
 
 /// Stable sort of a short input by (key, input position).
@@ -445,7 +499,7 @@ struct ScatterTarget<K, I> {
 }
 unsafe impl<K: Send, I: Send> Sync for ScatterTarget<K, I> {}
 
-/// Writes key `j` of `keys`, with row index `row(j)`, to slot
+/// Writes each key of `keys`, with the next row index of `rows`, to slot
 /// `offsets[b]` (then the next) of `target`, `b` being its byte `level`.
 ///
 /// # Safety
@@ -454,17 +508,17 @@ unsafe impl<K: Send, I: Send> Sync for ScatterTarget<K, I> {}
 /// else meanwhile.
 unsafe fn scatter_raw<K: RadixKey, I: SortIndex>(
     keys: &[K],
-    row: impl Fn(usize) -> I,
+    rows: impl Iterator<Item = I>,
     level: usize,
     mut offsets: [usize; 256],
     target: &ScatterTarget<K, I>,
 ) {
-    for (j, &k) in keys.iter().enumerate() {
+    for (&k, i) in keys.iter().zip(rows) {
         let slot = &mut offsets[k.byte(level)];
         // SAFETY: the caller's contract.
         unsafe {
             *target.keys.add(*slot) = k;
-            *target.idx.add(*slot) = row(j);
+            *target.idx.add(*slot) = i;
         }
         *slot += 1;
     }
@@ -504,8 +558,8 @@ impl ChunkCounts {
 /// `i`'s) in ascending key order. `range` (smallest and largest key) and
 /// `top` (counts of the top byte) save a pass each when the caller has them.
 ///
-/// When the keys span every byte, the row indices are never materialized in
-/// input order: the top-level scatter writes them as it goes.
+/// Large inputs never materialize the row indices in input order: the
+/// top-level scatter writes them as it goes.
 ///
 /// `top`, if given, must count these very keys (its scatter's writes stay
 /// in bounds only then); so this is not public.
@@ -517,69 +571,18 @@ pub(crate) fn sort_order<K: RadixKey, I: SortIndex>(
 ) -> Vec<I> {
     let n = keys.len();
     assert!(n <= I::MAX_ROWS, "row indices fit the index type");
-    let (min, max) = match range {
+    let range = match range {
         Some(range) => range,
         None if n > 0 => min_max(&keys, threads),
         None => (K::default(), K::default()),
     };
-    let full_width = max.wrapping_sub(min).significant_bytes() == K::BYTES;
-    if n < PARALLEL_ROWS_MIN || !full_width {
-        let mut idx: Vec<I> = take_vec(n);
-        idx.extend((0..n).map(I::from_usize));
-        sort_pairs_in_range(keys, &mut idx, threads, min, max);
-        return idx;
-    }
-    let threads = threads.max(1);
-    let chunk = n.div_ceil(threads);
-    let top = match top {
-        Some(top) if top.chunk == chunk && top.level == 0 => top,
-        _ => ChunkCounts::of(&keys, chunk, 0),
-    };
-    debug_assert_eq!(
-        top.counts.iter().flatten().sum::<usize>(),
-        n,
-        "counts of these keys"
-    );
-    let mut keys = keys;
     let mut idx: Vec<I> = take_vec_filled(n);
-    let mut scratch_keys: Vec<K> = take_vec_filled(n);
-    let mut scratch_idx: Vec<I> = take_vec_filled(n);
-    top_level(
-        TopLevel {
-            keys: &mut keys,
-            idx: &mut idx,
-            idx_is_row_number: true,
-            scratch_keys: &mut scratch_keys,
-            scratch_idx: &mut scratch_idx,
-        },
-        &top,
-        threads,
-    );
-    recycle(keys);
-    recycle(scratch_keys);
-    recycle(scratch_idx);
-    idx
-}
-
-/// The top level split over `threads`: per-thread histograms, a stable
-/// parallel scatter, then buckets shared out to threads as they free up.
-fn parallel_top_level<K: RadixKey, I: SortIndex>(
-    keys: &mut [K],
-    idx: &mut [I],
-    scratch_keys: &mut [K],
-    scratch_idx: &mut [I],
-    level: usize,
-    threads: usize,
-) {
-    let top = ChunkCounts::of(keys, keys.len().div_ceil(threads), level);
-    let buffers = TopLevel {
-        keys,
-        idx,
-        idx_is_row_number: false,
-        scratch_keys,
-        scratch_idx,
+    let rows = Rows {
+        idx: &mut idx,
+        numbered: true,
     };
-    top_level(buffers, &top, threads);
+    sort_in_range(keys, rows, threads, range, top);
+    idx
 }
 
 /// The buffers of a top-level sort: data and equally long scratch. With
@@ -641,7 +644,6 @@ fn top_level<K: RadixKey, I: SortIndex>(
             sum += h[b];
         }
     }
-    assert_eq!(sum, n, "the histograms count these keys");
     let target = ScatterTarget {
         keys: scratch_keys.as_mut_ptr(),
         idx: scratch_idx.as_mut_ptr(),
@@ -654,18 +656,18 @@ fn top_level<K: RadixKey, I: SortIndex>(
                 let first_row = t * chunk;
                 // SAFETY: slots [starts[t][b], starts[t][b] + h[b]) belong
                 // to this thread alone and lie inside the n-long scratch
-                // (the histograms count these keys, asserted above).
+                // (each chunk's histogram counts that chunk's keys).
                 unsafe {
                     if idx_is_row_number {
                         scatter_raw(
                             part_k,
-                            |j| I::from_usize(first_row + j),
+                            (first_row..).map(I::from_usize),
                             level,
                             offsets,
                             target,
                         )
                     } else {
-                        scatter_raw(part_k, |j| part_i[j], level, offsets, target)
+                        scatter_raw(part_k, part_i.iter().copied(), level, offsets, target)
                     }
                 }
             });
@@ -842,16 +844,13 @@ fn scatter<K: RadixKey, I: SortIndex>(
         offsets[b] = sum;
         sum += counts[b];
     }
-    for (&k, &i) in keys.iter().zip(idx.iter()) {
-        let slot = &mut offsets[k.byte(level)];
-        // SAFETY: the offsets are the prefix sums of the byte counts, which
-        // sum to n (asserted above), so every slot is below n.
-        unsafe {
-            *out_keys.get_unchecked_mut(*slot) = k;
-            *out_idx.get_unchecked_mut(*slot) = i;
-        }
-        *slot += 1;
-    }
+    let target = ScatterTarget {
+        keys: out_keys.as_mut_ptr(),
+        idx: out_idx.as_mut_ptr(),
+    };
+    // SAFETY: the offsets are the prefix sums of the byte counts, which sum
+    // to n (asserted above), the length of both outputs.
+    unsafe { scatter_raw(keys, idx.iter().copied(), level, offsets, &target) }
 }
 
 #[cfg(test)]
