@@ -64,14 +64,16 @@ pub const RESULT_CHUNKS_IN_FLIGHT: usize = 8;
 /// Most rows per batch a device's operators produce (`batch_rows_max`).
 pub const BATCH_ROWS_MAX: usize = 8192;
 
-/// Share of a device's `mem_bytes_max` set aside for the kernels' scratch
-/// pool, which keeps pre-faulted buffers between calls (fresh gigabyte
-/// buffers cost more in page zeroing than the sort itself). Queries get
-/// the rest ([`query_bytes_max`]), so reservations and retained scratch
-/// together stay within the budget.
+/// Share of a device's `mem_bytes_max` its queries may not reserve, kept
+/// for the kernels' scratch pool, which keeps pre-faulted buffers between
+/// calls (fresh gigabyte buffers cost more in page zeroing than the sort
+/// itself). Queries get the rest ([`query_bytes_max`]); the pool may
+/// retain whatever part of the budget they have not reserved (see
+/// `pool::scratch`), so reservations and retained scratch together stay
+/// within the budget.
 pub const SCRATCH_POOL_SHARE_OF_BUDGET: usize = 8;
 
-/// Bytes of a device's budget its kernels' scratch pool may retain.
+/// Bytes of a device's budget its queries may not reserve.
 pub fn scratch_bytes_max(mem_bytes_max: usize) -> usize {
     mem_bytes_max / SCRATCH_POOL_SHARE_OF_BUDGET
 }
@@ -80,25 +82,6 @@ pub fn scratch_bytes_max(mem_bytes_max: usize) -> usize {
 /// the scratch pool's share.
 pub fn query_bytes_max(mem_bytes_max: usize) -> usize {
     mem_bytes_max - scratch_bytes_max(mem_bytes_max)
-}
-
-/// The scratch shares of the devices alive in this process, in bytes.
-static LIVE_SCRATCH_SHARES: std::sync::Mutex<usize> = std::sync::Mutex::new(0);
-
-/// Lets the kernels' process-wide scratch pool retain
-/// 1/`SCRATCH_POOL_SHARE_OF_BUDGET` of each live device's budget (devices
-/// embedded in one process share the pool); `+ 1` for a device starting,
-/// `- 1` for one stopping.
-fn retain_kernel_scratch(mem_bytes_max: usize, sign: isize) {
-    let share = scratch_bytes_max(mem_bytes_max);
-    let mut total = LIVE_SCRATCH_SHARES
-        .lock()
-        .unwrap_or_else(|e| e.into_inner());
-    *total = match sign {
-        1 => *total + share,
-        _ => total.saturating_sub(share),
-    };
-    insitu_kernels::mem::set_scratch_pool_bytes_max(*total);
 }
 
 /// Rows per batch for a memory budget: [`BATCH_ROWS_MAX`], or fewer under
@@ -211,7 +194,7 @@ impl Drop for Device {
         if let Some(rt) = self.runtime.take() {
             rt.shutdown_background();
         }
-        retain_kernel_scratch(self.config.mem_bytes_max, -1);
+        pool::scratch::remove_budget(self.config.mem_bytes_max);
     }
 }
 
@@ -291,7 +274,7 @@ impl Device {
         parquet.reorder_filters = true;
         let ctx = SessionContext::new_with_config_rt(session, runtime_env);
         // Undone when the device drops.
-        retain_kernel_scratch(config.mem_bytes_max, 1);
+        pool::scratch::add_budget(config.mem_bytes_max);
         Ok(Arc::new(Self {
             config,
             dir: dir.to_path_buf(),

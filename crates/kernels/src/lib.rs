@@ -34,7 +34,8 @@ mod views;
 pub use argsort::{argsort, argsort_to, argsort_top_k, Parallelism};
 pub use decode::{dictionary_decode, dictionary_decode_to_views, DictionaryDecoder};
 pub use dictionary::{
-    dictionary_ranks, key_mapping_table, low_cardinality_ranks, sort_dictionary, DictionaryRanks,
+    dictionary_ranks, encode_views, key_mapping_table, low_cardinality_ranks, sort_dictionary,
+    DictionaryRanks,
 };
 pub use gather::{
     gather, gather_batch, gather_batch_with, gather_rows, gather_rows_into, gather_values,

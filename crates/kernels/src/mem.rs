@@ -14,6 +14,7 @@
 //! reuse counts against whatever budget the process keeps, so the process
 //! decides.
 
+use std::collections::BTreeMap;
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -28,8 +29,9 @@ const POOLED_BYTES_MIN: usize = 64 << 10;
 /// A parked buffer serves requests down to this fraction of its size, so
 /// an array never pins far more memory than it reports using.
 const POOLED_SLACK_MAX: usize = 2;
-/// The pool holds at most this many buffers (its searches are linear).
-const PARKED_MAX: usize = 256;
+/// The pool holds at most this many buffers: enough for every result
+/// chunk of a 6M-row sorted table (about 750 of 8192 rows) to come back.
+const PARKED_MAX: usize = 4096;
 
 /// Plain data: every bit pattern is a valid value, so memory a previous
 /// user initialized may be handed out as-is.
@@ -62,8 +64,15 @@ unsafe impl Send for Parked {}
 
 /// Freed large allocations kept for reuse, up to a limit in bytes.
 pub struct ScratchPool {
-    parked: Mutex<Vec<Parked>>,
+    shelf: Mutex<Shelf>,
     bytes_max: AtomicUsize,
+}
+
+/// Parked allocations by size, with their totals.
+struct Shelf {
+    by_bytes: BTreeMap<usize, Vec<Parked>>,
+    bytes: usize,
+    count: usize,
 }
 
 /// The process-wide pool the kernels use.
@@ -104,7 +113,7 @@ impl ScratchPool {
     /// An empty pool retaining nothing until given a limit.
     pub const fn new() -> Self {
         ScratchPool {
-            parked: Mutex::new(Vec::new()),
+            shelf: Mutex::new(Shelf::new()),
             bytes_max: AtomicUsize::new(0),
         }
     }
@@ -116,19 +125,26 @@ impl ScratchPool {
     /// Sets the limit in bytes; lowering it frees what is over.
     pub fn set_bytes_max(&self, bytes: usize) {
         self.bytes_max.store(bytes, Ordering::Relaxed);
-        let mut parked = self.lock();
-        while pooled_bytes(&parked) > bytes {
-            free(parked.pop().expect("a pool over its limit holds something"));
+        let mut evicted = Vec::new();
+        let mut shelf = self.lock();
+        while shelf.bytes > bytes {
+            evicted.push(
+                shelf
+                    .pop_smallest()
+                    .expect("a pool over its limit holds something"),
+            );
         }
+        drop(shelf);
+        evicted.into_iter().for_each(free);
     }
 
     /// Bytes the pool holds now.
     pub fn bytes(&self) -> usize {
-        pooled_bytes(&self.lock())
+        self.lock().bytes
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<Parked>> {
-        self.parked.lock().unwrap_or_else(|e| e.into_inner())
+    fn lock(&self) -> std::sync::MutexGuard<'_, Shelf> {
+        self.shelf.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// An empty vector with room for `n` values: a pooled allocation if one
@@ -171,15 +187,8 @@ impl ScratchPool {
         if need < POOLED_BYTES_MIN {
             return None;
         }
-        let mut parked = self.lock();
-        let best = parked
-            .iter()
-            .enumerate()
-            .filter(|(_, p)| p.align == align && p.bytes.is_multiple_of(size))
-            .filter(|(_, p)| p.bytes >= need && p.bytes <= need * POOLED_SLACK_MAX)
-            .min_by_key(|(_, p)| p.bytes)
-            .map(|(i, _)| i)?;
-        Some(parked.swap_remove(best))
+        self.lock()
+            .take_fitting(need..=need.saturating_mul(POOLED_SLACK_MAX), size, align)
     }
 
     /// Parks `v`'s allocation for reuse, or frees it if the pool is full or
@@ -190,19 +199,19 @@ impl ScratchPool {
         if bytes < POOLED_BYTES_MIN {
             return;
         }
-        let mut parked = self.lock();
-        let evicted = match make_room(&mut parked, bytes, self.bytes_max()) {
+        let mut shelf = self.lock();
+        let evicted = match shelf.make_room(bytes, self.bytes_max()) {
             Some(evicted) => evicted,
             None => return,
         };
         let mut v = std::mem::ManuallyDrop::new(v);
-        parked.push(Parked {
+        shelf.push(Parked {
             ptr: NonNull::new(v.as_mut_ptr() as *mut u8).expect("a non-empty Vec has a pointer"),
             bytes,
             align: std::mem::align_of::<T>(),
             init_bytes: v.len() * size,
         });
-        drop(parked);
+        drop(shelf);
         evicted.into_iter().for_each(free);
     }
 
@@ -256,38 +265,79 @@ fn pooled_capacity<T>(n: usize) -> usize {
     bytes.next_multiple_of(step).div_ceil(size)
 }
 
-/// Makes room in `parked` for a buffer of `bytes`: nothing to do if it
-/// fits; else, if evicting smaller buffers (smallest first) frees enough,
-/// removes and returns them; else `None` (the new buffer is not parked).
-///
-/// Larger buffers win because a request is met only by a parked buffer
-/// of at least its size: a table sort's packed rows (hundreds of MiB)
-/// were turned away by a pool full of IPC chunks (a few MiB each, which
-/// any later chunk request can use), and the next sort faulted them in
-/// afresh.
-fn make_room(parked: &mut Vec<Parked>, bytes: usize, bytes_max: usize) -> Option<Vec<Parked>> {
-    let held = pooled_bytes(parked);
-    let fits = |freed: usize, evicted: usize| {
-        held - freed + bytes <= bytes_max && parked.len() - evicted < PARKED_MAX
-    };
-    let mut smaller: Vec<usize> = (0..parked.len())
-        .filter(|&i| parked[i].bytes < bytes)
-        .collect();
-    smaller.sort_by_key(|&i| parked[i].bytes);
-    let (mut freed, mut evicted) = (0usize, 0usize);
-    while !fits(freed, evicted) {
-        // Out of smaller buffers: the new one is not parked.
-        freed += parked[*smaller.get(evicted)?].bytes;
-        evicted += 1;
+impl Shelf {
+    const fn new() -> Self {
+        Shelf {
+            by_bytes: BTreeMap::new(),
+            bytes: 0,
+            count: 0,
+        }
     }
-    let mut victims = smaller[..evicted].to_vec();
-    // Remove from the back so earlier indices stay valid.
-    victims.sort_unstable_by(|a, b| b.cmp(a));
-    Some(victims.into_iter().map(|i| parked.swap_remove(i)).collect())
-}
 
-fn pooled_bytes(parked: &[Parked]) -> usize {
-    parked.iter().map(|p| p.bytes).sum()
+    fn push(&mut self, parked: Parked) {
+        self.bytes += parked.bytes;
+        self.count += 1;
+        self.by_bytes.entry(parked.bytes).or_default().push(parked);
+    }
+
+    /// The smallest parked allocation with a size in `sizes` that holds
+    /// values of `size` bytes aligned to `align`.
+    fn take_fitting(
+        &mut self,
+        sizes: std::ops::RangeInclusive<usize>,
+        size: usize,
+        align: usize,
+    ) -> Option<Parked> {
+        let (bytes, i) = self.by_bytes.range(sizes).find_map(|(&bytes, list)| {
+            list.iter()
+                .position(|p| p.align == align && p.bytes.is_multiple_of(size))
+                .map(|i| (bytes, i))
+        })?;
+        Some(self.remove(bytes, i))
+    }
+
+    fn pop_smallest(&mut self) -> Option<Parked> {
+        let (&bytes, list) = self.by_bytes.iter().next()?;
+        let last = list.len() - 1;
+        Some(self.remove(bytes, last))
+    }
+
+    fn remove(&mut self, bytes: usize, i: usize) -> Parked {
+        let list = self.by_bytes.get_mut(&bytes).expect("a listed size");
+        let parked = list.swap_remove(i);
+        if list.is_empty() {
+            self.by_bytes.remove(&bytes);
+        }
+        self.bytes -= parked.bytes;
+        self.count -= 1;
+        parked
+    }
+
+    /// Makes room for a buffer of `bytes`: nothing to do if it fits; else,
+    /// if evicting smaller buffers (smallest first) frees enough, removes
+    /// and returns them; else `None` (the new buffer is not parked).
+    ///
+    /// Larger buffers win because a request is met only by a parked buffer
+    /// of at least its size: a table sort's packed rows (hundreds of MiB)
+    /// were turned away by a pool full of IPC chunks (a few MiB each, which
+    /// any later chunk request can use), and the next sort faulted them in
+    /// afresh.
+    fn make_room(&mut self, bytes: usize, bytes_max: usize) -> Option<Vec<Parked>> {
+        let fits = |freed: usize, evicted: usize| {
+            self.bytes - freed + bytes <= bytes_max && self.count - evicted < PARKED_MAX
+        };
+        let (mut freed, mut evicted) = (0usize, 0usize);
+        let mut smaller = self
+            .by_bytes
+            .range(..bytes)
+            .flat_map(|(&b, list)| std::iter::repeat_n(b, list.len()));
+        while !fits(freed, evicted) {
+            // Out of smaller buffers: the new one is not parked.
+            freed += smaller.next()?;
+            evicted += 1;
+        }
+        Some((0..evicted).filter_map(|_| self.pop_smallest()).collect())
+    }
 }
 
 fn free(parked: Parked) {
@@ -440,6 +490,24 @@ mod tests {
         pool.recycle(vec![0u8; 2 * unit]);
         assert_eq!(pool.bytes(), 9 * unit);
         pool.set_bytes_max(0);
+    }
+
+    #[test]
+    fn hundreds_of_result_chunks_are_all_parked_and_reused() {
+        let pool: &'static ScratchPool = Box::leak(Box::new(ScratchPool::new()));
+        let unit = POOLED_BYTES_MIN;
+        pool.set_bytes_max(usize::MAX);
+        let chunks: Vec<Vec<u8>> = (0..1000).map(|i| vec![0u8; unit + i]).collect();
+        let mut ptrs: Vec<usize> = chunks.iter().map(|c| c.as_ptr() as usize).collect();
+        chunks.into_iter().for_each(|c| pool.recycle(c));
+        assert_eq!(pool.bytes(), (0..1000).map(|i| unit + i).sum::<usize>());
+        let mut again: Vec<usize> = (0..1000)
+            .map(|i| pool.take_vec::<u8>(unit + i).as_ptr() as usize)
+            .collect();
+        ptrs.sort_unstable();
+        again.sort_unstable();
+        assert_eq!(again, ptrs, "each request met by a parked chunk");
+        assert_eq!(pool.bytes(), 0);
     }
 
     #[test]
