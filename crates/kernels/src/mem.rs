@@ -501,9 +501,8 @@ mod tests {
         let mut ptrs: Vec<usize> = chunks.iter().map(|c| c.as_ptr() as usize).collect();
         chunks.into_iter().for_each(|c| pool.recycle(c));
         assert_eq!(pool.bytes(), (0..1000).map(|i| unit + i).sum::<usize>());
-        let mut again: Vec<usize> = (0..1000)
-            .map(|i| pool.take_vec::<u8>(unit + i).as_ptr() as usize)
-            .collect();
+        let taken: Vec<Vec<u8>> = (0..1000).map(|i| pool.take_vec(unit + i)).collect();
+        let mut again: Vec<usize> = taken.iter().map(|v| v.as_ptr() as usize).collect();
         ptrs.sort_unstable();
         again.sort_unstable();
         assert_eq!(again, ptrs, "each request met by a parked chunk");
