@@ -175,8 +175,9 @@ mod tests {
     /// Reservations through the pool lower what the process-wide scratch
     /// pool may retain by as much, before the query holds them; a refused
     /// reservation gives it back. (Other tests' devices change the same
-    /// limit concurrently, so this one owns a budget far larger than
-    /// theirs and checks changes of its own size.)
+    /// limit concurrently, and some test pools reserve without a device
+    /// budget, so this one owns a budget far larger than theirs and checks
+    /// changes of its own size.)
     #[test]
     fn reservations_come_out_of_the_scratch_pool() {
         let big: usize = 1 << 50;
@@ -186,7 +187,9 @@ mod tests {
         )));
         let r = MemoryConsumer::new("t").register(&pool);
         let limit = insitu_kernels::mem::scratch_pool_bytes_max;
-        assert!(limit() >= big);
+        // Others' budgets and reservations are tiny next to this one's.
+        let about_big = big - big / 16;
+        assert!(limit() > about_big);
         r.try_grow(big / 4).unwrap();
         assert!(
             limit() < big - big / 8,
@@ -195,7 +198,7 @@ mod tests {
         assert!(r.try_grow(big).is_err());
         assert!(limit() > big / 2, "a refused reservation is given back");
         r.shrink(big / 4);
-        assert!(limit() >= big, "released");
+        assert!(limit() > about_big, "released");
         scratch::remove_budget(big);
     }
 }
