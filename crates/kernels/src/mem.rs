@@ -124,7 +124,15 @@ impl ScratchPool {
 
     /// Sets the limit in bytes; lowering it frees what is over.
     pub fn set_bytes_max(&self, bytes: usize) {
-        self.bytes_max.store(bytes, Ordering::Relaxed);
+        // A raised limit cannot need evictions: skip the lock, since the
+        // device ledger changes the limit on every reservation.
+        if self.bytes_max.swap(bytes, Ordering::Relaxed) > bytes {
+            self.evict_to(bytes);
+        }
+    }
+
+    /// Frees parked buffers, smallest first, until at most `bytes` remain.
+    fn evict_to(&self, bytes: usize) {
         let mut evicted = Vec::new();
         let mut shelf = self.lock();
         while shelf.bytes > bytes {
@@ -236,7 +244,8 @@ impl Default for ScratchPool {
 
 impl Drop for ScratchPool {
     fn drop(&mut self) {
-        self.set_bytes_max(0);
+        self.bytes_max.store(0, Ordering::Relaxed);
+        self.evict_to(0);
     }
 }
 
