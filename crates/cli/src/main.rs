@@ -246,10 +246,11 @@ pub struct DemoArgs {
     pub cluster: Option<PathBuf>,
 }
 
-/// Counts heap bytes while `extsort` meters its sort (one relaxed load per
-/// allocation otherwise).
+/// mimalloc (tuned in `allocator`), counting heap bytes while `extsort`
+/// meters its sort (one relaxed load per allocation otherwise).
 #[global_allocator]
-static ALLOCATOR: insitu_extsort::heap::MeteredAllocator = insitu_extsort::heap::MeteredAllocator;
+static ALLOCATOR: insitu_extsort::heap::MeteredAllocator<mimalloc::MiMalloc> =
+    insitu_extsort::heap::MeteredAllocator(mimalloc::MiMalloc);
 
 fn main() -> ExitCode {
     allocator::tune();

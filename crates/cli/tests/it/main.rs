@@ -7,7 +7,6 @@
 
 mod common;
 
-mod allocator;
 mod cluster;
 mod errors;
 mod extsort;
