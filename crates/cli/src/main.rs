@@ -246,11 +246,10 @@ pub struct DemoArgs {
     pub cluster: Option<PathBuf>,
 }
 
-/// mimalloc (tuned in `allocator`), counting heap bytes while `extsort`
-/// meters its sort (one relaxed load per allocation otherwise).
+/// Counts heap bytes while `extsort` meters its sort (one relaxed load per
+/// allocation otherwise).
 #[global_allocator]
-static ALLOCATOR: insitu_extsort::heap::MeteredAllocator<mimalloc::MiMalloc> =
-    insitu_extsort::heap::MeteredAllocator(mimalloc::MiMalloc);
+static ALLOCATOR: insitu_extsort::heap::MeteredAllocator = insitu_extsort::heap::MeteredAllocator;
 
 fn main() -> ExitCode {
     allocator::tune();

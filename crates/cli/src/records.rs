@@ -7,7 +7,7 @@ use std::time::Instant;
 use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
 use insitu_extsort::heap::HeapMeter;
-use insitu_extsort::io::{current_rss_bytes, peak_rss_bytes};
+use insitu_extsort::io::{current_rss_bytes, peak_rss_bytes, return_freed_buffers};
 use insitu_extsort::{
     CodecChoice, ExtsortOptions, GenOptions, Phase, Plan, RunCodec, KEY_BYTES, RECORD_BYTES,
 };
@@ -227,7 +227,7 @@ pub fn extsort(a: ExtsortArgs) -> Result<(), String> {
         storage_rates_cache: insitu_extsort::probe::default_cache_path(),
         reprobe: a.reprobe,
     };
-    crate::allocator::hold_only_used_memory();
+    return_freed_buffers();
     let started = Instant::now();
     let plan =
         insitu_extsort::plan_sort(&a.input, &a.output, &options).map_err(|e| e.to_string())?;

@@ -1058,6 +1058,18 @@ impl Drop for RemoveOnDrop {
     }
 }
 
+/// Makes large buffers go back to the OS when freed. glibc raises its
+/// mmap threshold after big frees and then keeps freed buffers in its
+/// heap, so a sort phase's buffers would stay resident through the merge
+/// phase and the process would hold more than the budget.
+pub fn return_freed_buffers() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: mallopt only sets an allocator parameter.
+    unsafe {
+        libc::mallopt(libc::M_MMAP_THRESHOLD, 128 << 10);
+    }
+}
+
 /// Resident memory of this process now, in bytes (0 if unknown).
 pub fn current_rss_bytes() -> u64 {
     let Ok(statm) = std::fs::read_to_string("/proc/self/statm") else {

@@ -7,6 +7,7 @@
 
 mod common;
 
+mod allocator;
 mod cluster;
 mod errors;
 mod extsort;
