@@ -74,14 +74,14 @@ pub const BATCH_ROWS_MAX: usize = 8192;
 pub const SCRATCH_POOL_SHARE_OF_BUDGET: usize = 8;
 
 /// Bytes of a device's budget its queries may not reserve.
-pub fn scratch_bytes_max(mem_bytes_max: usize) -> usize {
+pub fn unreservable_bytes(mem_bytes_max: usize) -> usize {
     mem_bytes_max / SCRATCH_POOL_SHARE_OF_BUDGET
 }
 
 /// Bytes of a device's budget its queries may reserve: the budget less
 /// the scratch pool's share.
 pub fn query_bytes_max(mem_bytes_max: usize) -> usize {
-    mem_bytes_max - scratch_bytes_max(mem_bytes_max)
+    mem_bytes_max - unreservable_bytes(mem_bytes_max)
 }
 
 /// Rows per batch for a memory budget: [`BATCH_ROWS_MAX`], or fewer under
@@ -833,7 +833,7 @@ mod tests {
         };
         let device = Device::create(dir.path(), config).unwrap();
         let query = query_bytes_max(budget);
-        assert_eq!(query + scratch_bytes_max(budget), budget);
+        assert_eq!(query + unreservable_bytes(budget), budget);
         assert!(query < budget);
         assert!(matches!(device.pool.memory_limit(), MemoryLimit::Finite(n) if n == query));
         let pool: Arc<dyn MemoryPool> = device.pool.clone();

@@ -283,10 +283,10 @@ pub fn encode_views<T: ByteViewType + ?Sized>(
                     if view_codes.len() == distinct_views_max {
                         return None;
                     }
-                    let bytes: &[u8] = array.value(i).as_ref();
+                    let value = array.value(i);
                     let next = value_codes.len() as u32;
-                    let code = *value_codes.entry(bytes).or_insert_with(|| {
-                        distinct.append_value(array.value(i));
+                    let code = *value_codes.entry(value.as_ref()).or_insert_with(|| {
+                        distinct.append_value(value);
                         next
                     });
                     view_codes.insert(view, code);
