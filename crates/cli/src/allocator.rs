@@ -1,60 +1,165 @@
-//! Tuning of glibc's allocator for the whole process, unless the user
-//! tuned it (`MALLOC_*` or `GLIBC_TUNABLES` in the environment).
+//! The process's allocator: mimalloc for queries and everything else,
+//! glibc's for `extsort`, each tuned. [`ProcessAllocator`] (inside the
+//! extsort heap meter, the binary's `#[global_allocator]`) passes every
+//! call to the one chosen at the process's first allocation.
 //!
 //! ```text
-//!  start ──user tuned?──yes──▶ run as told
-//!    │ no
-//!    ├──▶ exec /proc/self/exe, same arguments, GLIBC_TUNABLES = tunables()
-//!    │      └──▶ start (marker set): drop marker and GLIBC_TUNABLES, run
-//!    └──▶ exec failed (no /proc): mallopt what mallopt can set, run
+//!  first allocation ─▶ INSITU_ALLOCATOR=system? ──yes──▶ glibc's malloc
+//!                                 │ no
+//!                                 └──────────────────▶ mimalloc
+//!  main ─▶ tune(): what does the process want?
+//!     mimalloc (not extsort) ─▶ purge_delay = -1: freed memory stays
+//!                               committed for the next query
+//!     glibc (extsort, or INSITU_ALLOCATOR=system) ─▶ not on it yet, or
+//!       GLIBC_TUNABLES not set: exec /proc/self/exe, same arguments,
+//!       INSITU_ALLOCATOR=system, GLIBC_TUNABLES=tunables() (unless the
+//!       user tuned glibc: MALLOC_* or GLIBC_TUNABLES set)
+//!         └─▶ start (marker set): drop the variables it added, run
 //! ```
 //!
-//! Why each tunable:
+//! Why mimalloc for queries: ORDER BY over lineitem SF1 on 2 devices
+//! (`insitu bench sql "select * from lineitem order by K" --runs 5`,
+//! alternating invocations, medians) ran faster under mimalloc than under
+//! glibc tuned as below: by l_partkey 1.68-1.98 s against 2.09-2.19 s, by
+//! l_shipinstruct 1.50-1.66 s against 1.66-1.73 s (three invocations each),
+//! by l_extendedprice 1.79 and 1.95 s against 2.15 and 2.15 s, with 23.3
+//! and 25.6 s of CPU for the whole invocation against 25.5 and 26.8 s
+//! (`perf stat -e task-clock`). mimalloc's default purge delay decommits
+//! freed batches and each query pays page faults again (by l_partkey
+//! 2.21-3.06 s), hence `purge_delay = -1` unless `MIMALLOC_PURGE_DELAY` is
+//! set. Transparent huge pages, which mimalloc leaves on, are kept: a
+//! sort's gathers read rows at random from hundreds of megabytes, and
+//! with 4 KiB pages nearly every read also misses the TLB (by l_partkey
+//! 1.49-1.80 s against 1.77-2.36 s with `MIMALLOC_ALLOW_THP=0`).
+//!
+//! Why glibc for `extsort`, whose memory must stay within `--mem`: the
+//! kernels' huge-page advice stays on memory mimalloc reuses for small
+//! blocks, so an 8 MiB sort held 33-43 MiB besides its heap under
+//! mimalloc (at most 1.56 MiB under glibc), and turning huge pages off for
+//! the process (`PR_SET_THP_DISABLE`) made a 1.5 GB sort take 11.35-12.12 s
+//! in three of four runs against 8.98-9.58 s under glibc.
+//!
+//! Why each glibc tunable:
 //!
 //! - By default glibc maps blocks past 128 KiB fresh from the kernel and
-//!   trims freed heap memory back to it, so each query pays page faults
-//!   and kernel page zeroing again for the batches the last one freed:
-//!   perf showed half of an ORDER BY over lineitem SF1 in
-//!   `clear_page_erms`. With blocks up to 32 MiB taken from the heap
-//!   (`mmap_threshold`), freed heap memory kept (`trim_threshold`) and one
-//!   arena (`arena_max`), the same query took 1.31M page faults over 5
-//!   runs instead of 2.19M (`perf stat -e page-faults insitu bench sql ...
-//!   --runs 4`).
-//! - One arena, not two: glibc gives a second arena its memory in 64 MiB
-//!   heaps and unmaps each heap as soon as it is empty, so an invocation
-//!   sometimes spent its time creating and deleting heaps (5832 `munmap`
-//!   calls and 22.2 s of CPU for 8 queries, against 119 and 14.0 s for the
-//!   next invocation). Over three alternating invocations of `bench sql
-//!   "select * from lineitem order by l_partkey" --runs 7 --threads 1`,
-//!   one arena gave medians of 0.818-0.874 s, two arenas 0.936-0.996 s.
+//!   trims freed heap memory back to it, so each run pays page faults and
+//!   kernel page zeroing again for the buffers the last one freed (half of
+//!   an ORDER BY over lineitem SF1 was `clear_page_erms`): blocks up to
+//!   32 MiB come from the heap (`mmap_threshold`), freed heap memory is
+//!   kept (`trim_threshold`; `extsort` lowers the mmap threshold again so
+//!   its phases' big buffers leave the process), one arena (`arena_max`;
+//!   a second arena gets 64 MiB heaps it unmaps as soon as they are empty:
+//!   5832 `munmap` calls in one invocation of 8 queries).
 //! - Transparent huge pages for the heap (`hugetlb=1`, which has glibc
-//!   `madvise` its heap; kernels set to THP "madvise", the common default,
-//!   otherwise give it 4 KiB pages). A sort's gathers read strings and rows
-//!   at random from hundreds of megabytes, and with 4 KiB pages nearly
-//!   every read also misses the TLB. Over four alternating invocations of
-//!   `bench sql "SELECT * FROM lineitem ORDER BY l_partkey" --runs 5
-//!   --threads 1` on SF1, medians were 2.10-2.22 s with huge pages against
-//!   2.15-2.52 s without; by l_extendedprice 2.20 and 2.29 s against 2.56
-//!   and 2.66 s.
+//!   `madvise` its heap; kernels set to THP "madvise", the common
+//!   default, otherwise give it 4 KiB pages), for the sort's gathers.
 //!
 //! Huge pages can only be asked for through `GLIBC_TUNABLES`, which glibc
-//! reads once at start, so the process re-executes itself with it set. The
-//! re-executed process removes the variable again: programs it starts do
-//! not inherit an allocator tuned for insitu (insitu processes it starts
-//! tune themselves). The re-execution costs about 7 ms per invocation
-//! (`insitu --version`: 14.5 ms against 7.5 ms with `GLIBC_TUNABLES` set,
-//! medians of 20).
-//!
-//! mimalloc as the global allocator instead (freed memory kept, `purge_delay
-//! = -1`) made ORDER BY over lineitem SF1 on 2 devices about 10% faster
-//! (by l_partkey medians 1.68-1.98 s against 2.09-2.19 s, three alternating
-//! invocations), but not `extsort`: the kernels' huge-page advice stays on
-//! memory mimalloc reuses for small blocks, so an 8 MiB sort held 33-43 MiB
-//! besides its heap (against at most 1.56 MiB here), and turning
-//! transparent huge pages off for the sort (`PR_SET_THP_DISABLE`) made a
-//! 1.5 GB sort take 11.35-12.12 s in three of four runs against 8.98-9.58 s.
+//! reads once at start, hence the re-execution (about 7 ms: `insitu
+//! --version` took 14.5 ms against 7.5 ms with `GLIBC_TUNABLES` set,
+//! medians of 20). The re-executed process removes the variables it was
+//! given, so programs it starts choose for themselves.
 
-/// Blocks up to this size come from the heap, larger ones are mapped
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::sync::atomic::{AtomicU8, Ordering::Relaxed};
+use std::sync::OnceLock;
+
+use libmimalloc_sys::{mi_option_get, mi_option_set, mi_option_t};
+use mimalloc::MiMalloc;
+
+/// The variable that chooses the allocator: `mimalloc` (the default but
+/// for `extsort`) or `system` (glibc's).
+pub const ALLOCATOR_VAR: &str = "INSITU_ALLOCATOR";
+
+/// Which allocator serves the process.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    Mimalloc,
+    /// The C library's malloc (glibc's on Linux).
+    System,
+}
+
+const UNDECIDED: u8 = 0;
+const MIMALLOC: u8 = 1;
+const SYSTEM: u8 = 2;
+static KIND: AtomicU8 = AtomicU8::new(UNDECIDED);
+
+/// The allocator of this process, decided at its first allocation from
+/// [`ALLOCATOR_VAR`] and never changed after.
+#[inline(always)]
+pub fn kind() -> Kind {
+    match KIND.load(Relaxed) {
+        MIMALLOC => Kind::Mimalloc,
+        SYSTEM => Kind::System,
+        _ => decide(),
+    }
+}
+
+#[cold]
+fn decide() -> Kind {
+    // SAFETY: getenv reads the environment without allocating; the first
+    // allocation comes before `tune` edits the environment, and while
+    // the process has one thread. The name is NUL-terminated.
+    let value = unsafe { libc::getenv(c"INSITU_ALLOCATOR".as_ptr()) };
+    // SAFETY: a non-null getenv result is a NUL-terminated string.
+    let system =
+        !value.is_null() && unsafe { std::ffi::CStr::from_ptr(value) }.to_bytes() == b"system";
+    // Threads racing here read the same variable and store the same value.
+    let (code, kind) = match system {
+        true => (SYSTEM, Kind::System),
+        false => (MIMALLOC, Kind::Mimalloc),
+    };
+    KIND.store(code, Relaxed);
+    kind
+}
+
+/// The global allocator: every call goes to the allocator [`kind`] chose.
+pub struct ProcessAllocator;
+
+// SAFETY: the choice is made before the first allocation and never
+// changes, so every block is freed and resized by the allocator that
+// allocated it; each call is passed on unchanged.
+unsafe impl GlobalAlloc for ProcessAllocator {
+    #[inline]
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        match kind() {
+            Kind::Mimalloc => MiMalloc.alloc(layout),
+            Kind::System => System.alloc(layout),
+        }
+    }
+
+    #[inline]
+    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        match kind() {
+            Kind::Mimalloc => MiMalloc.alloc_zeroed(layout),
+            Kind::System => System.alloc_zeroed(layout),
+        }
+    }
+
+    #[inline]
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        match kind() {
+            Kind::Mimalloc => MiMalloc.dealloc(ptr, layout),
+            Kind::System => System.dealloc(ptr, layout),
+        }
+    }
+
+    #[inline]
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        match kind() {
+            Kind::Mimalloc => MiMalloc.realloc(ptr, layout, new_size),
+            Kind::System => System.realloc(ptr, layout, new_size),
+        }
+    }
+}
+
+/// mimalloc's `mi_option_purge_delay` (milliseconds before freed memory is
+/// decommitted; -1 never), which `libmimalloc-sys` does not name: its
+/// place in `mi_option_e` of the mimalloc 3 it builds. The integration
+/// tests check it is the option `MIMALLOC_PURGE_DELAY` sets.
+const MI_OPTION_PURGE_DELAY: mi_option_t = 15;
+
+/// Blocks up to this size come from glibc's heap, larger ones are mapped
 /// fresh (`mmap_threshold`; 32 MiB is glibc's largest).
 #[cfg(all(target_os = "linux", target_env = "gnu"))]
 const MMAP_THRESHOLD_BYTES: i32 = 32 << 20;
@@ -76,33 +181,118 @@ fn tunables() -> String {
     )
 }
 
-/// Set beside [`tunables`] when re-executing, so the new process knows
-/// `GLIBC_TUNABLES` holds insitu's tunables, not the user's.
+/// Set when re-executing, to the comma-separated names of the variables
+/// the re-execution added, so the new process can remove them again.
 const REEXEC_MARKER: &str = "INSITU_ALLOCATOR_TUNED";
+
+/// What [`tune`] settled on, for [`describe`].
+static SETUP: OnceLock<String> = OnceLock::new();
 
 /// Tunes the allocator as the module doc says. Call first thing in
 /// `main`, before any thread exists: it may replace the process, and it
-/// edits the environment.
-pub fn tune() {
-    if std::env::var_os(REEXEC_MARKER).is_some() {
+/// edits the environment. Fails only on a bad [`ALLOCATOR_VAR`].
+pub fn tune() -> Result<(), String> {
+    let wanted = wanted_kind()?;
+    if let Some(added) = std::env::var_os(REEXEC_MARKER) {
         // SAFETY (of the environment edits): no other thread exists yet.
         std::env::remove_var(REEXEC_MARKER);
-        std::env::remove_var("GLIBC_TUNABLES");
-        return;
+        let mut given = vec![];
+        for name in added.to_string_lossy().split(',').filter(|n| !n.is_empty()) {
+            let value = std::env::var_os(name).unwrap_or_default();
+            given.push(format!("{name}={}", value.to_string_lossy()));
+            std::env::remove_var(name);
+        }
+        let _ = SETUP.set(format!("re-executed with {}", given.join(" ")));
+        return Ok(());
     }
-    if user_tuned() {
-        return;
+    match wanted {
+        Kind::Mimalloc => keep_freed_memory(),
+        Kind::System => switch_to_tuned_glibc(),
     }
-    #[cfg(all(target_os = "linux", target_env = "gnu"))]
-    {
-        // Returns only if the exec failed; then mallopt does what it can.
-        let _ = reexec_with_tunables();
-        set_with_mallopt();
+    Ok(())
+}
+
+/// One line saying which allocator serves the process and how it is
+/// tuned (logged at debug level at start).
+pub fn describe() -> String {
+    let setup = SETUP.get().map_or("", String::as_str);
+    match kind() {
+        Kind::Mimalloc => {
+            // SAFETY: mi_option_get only reads an option value.
+            let delay = unsafe { mi_option_get(MI_OPTION_PURGE_DELAY) };
+            format!("allocator: mimalloc, purge_delay {delay} ms; {setup}")
+        }
+        Kind::System => format!("allocator: system (glibc); {setup}"),
     }
 }
 
+/// The allocator the command line asks for: [`ALLOCATOR_VAR`] if set,
+/// else glibc's for `extsort` and mimalloc for the rest.
+fn wanted_kind() -> Result<Kind, String> {
+    if let Some(value) = std::env::var_os(ALLOCATOR_VAR) {
+        return match value.to_str() {
+            Some("mimalloc") => Ok(Kind::Mimalloc),
+            Some("system") => Ok(Kind::System),
+            _ => Err(format!(
+                "{ALLOCATOR_VAR} must be mimalloc or system, not {value:?}"
+            )),
+        };
+    }
+    let command = std::env::args_os()
+        .skip(1)
+        .find(|a| !a.to_string_lossy().starts_with('-'));
+    Ok(match command.as_deref().and_then(|c| c.to_str()) {
+        Some("extsort") => Kind::System,
+        _ => Kind::Mimalloc,
+    })
+}
+
+/// mimalloc keeps freed memory committed unless the user set a delay.
+fn keep_freed_memory() {
+    // mimalloc read its variables when the process started: a value the
+    // user set is already in force.
+    let user_set = ["MIMALLOC_PURGE_DELAY", "MIMALLOC_RESET_DELAY"]
+        .iter()
+        .any(|v| std::env::var_os(v).is_some());
+    if kind() != Kind::Mimalloc {
+        return;
+    }
+    if user_set {
+        let _ = SETUP.set("purge delay set by the user".into());
+        return;
+    }
+    // SAFETY: mi_option_set only stores an option value.
+    unsafe { mi_option_set(MI_OPTION_PURGE_DELAY, -1) }
+    let _ = SETUP.set("freed memory kept".into());
+}
+
+/// Re-executes the process on glibc's allocator with insitu's tunables
+/// (the user's, if they set any); returns if it cannot.
+fn switch_to_tuned_glibc() {
+    let mut added: Vec<(&str, String)> = vec![];
+    if kind() != Kind::System {
+        added.push((ALLOCATOR_VAR, "system".into()));
+    }
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    if !user_tuned_glibc() {
+        added.push(("GLIBC_TUNABLES", tunables()));
+    }
+    if added.is_empty() {
+        let _ = SETUP.set("tuned by the user".into());
+        return;
+    }
+    let error = reexec_with(&added);
+    // Still here: the exec failed (no /proc). mallopt does what it can.
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    if kind() == Kind::System {
+        set_with_mallopt();
+    }
+    let _ = SETUP.set(format!("could not re-execute: {error}"));
+}
+
 /// Whether the environment already tunes glibc's allocator.
-fn user_tuned() -> bool {
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
+fn user_tuned_glibc() -> bool {
     std::env::vars_os().any(|(k, _)| {
         let k = k.to_string_lossy();
         k.starts_with("MALLOC_") || k == "GLIBC_TUNABLES"
@@ -110,19 +300,20 @@ fn user_tuned() -> bool {
 }
 
 /// Replaces this process with a fresh run of the same executable and
-/// arguments under [`tunables`]; returns only the error if it cannot.
-#[cfg(all(target_os = "linux", target_env = "gnu"))]
-fn reexec_with_tunables() -> std::io::Error {
+/// arguments with `added` in its environment; returns only the error if
+/// it cannot.
+fn reexec_with(added: &[(&str, String)]) -> std::io::Error {
     use std::os::unix::process::CommandExt;
     let mut args = std::env::args_os();
     let mut command = std::process::Command::new("/proc/self/exe");
     if let Some(argv0) = args.next() {
         command.arg0(argv0);
     }
+    let names: Vec<&str> = added.iter().map(|(name, _)| *name).collect();
     command
         .args(args)
-        .env("GLIBC_TUNABLES", tunables())
-        .env(REEXEC_MARKER, "1")
+        .envs(added.iter().map(|(k, v)| (k, v)))
+        .env(REEXEC_MARKER, names.join(","))
         .exec()
 }
 

@@ -246,13 +246,18 @@ pub struct DemoArgs {
     pub cluster: Option<PathBuf>,
 }
 
-/// Counts heap bytes while `extsort` meters its sort (one relaxed load per
-/// allocation otherwise).
+/// mimalloc or glibc's allocator (chosen and tuned in `allocator`),
+/// counting heap bytes while `extsort` meters its sort (one relaxed load
+/// per allocation otherwise).
 #[global_allocator]
-static ALLOCATOR: insitu_extsort::heap::MeteredAllocator = insitu_extsort::heap::MeteredAllocator;
+static ALLOCATOR: insitu_extsort::heap::MeteredAllocator<allocator::ProcessAllocator> =
+    insitu_extsort::heap::MeteredAllocator(allocator::ProcessAllocator);
 
 fn main() -> ExitCode {
-    allocator::tune();
+    if let Err(e) = allocator::tune() {
+        eprintln!("error: {e}");
+        return ExitCode::FAILURE;
+    }
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("INSITU_LOG")
@@ -262,6 +267,7 @@ fn main() -> ExitCode {
         // No colour codes in log files (device servers log to files).
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
+    tracing::debug!("{}", allocator::describe());
     let cli = Cli::parse();
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()

@@ -3,7 +3,7 @@
 //! RSS also counts.
 //!
 //! ```text
-//!   MeteredAllocator  (the binary's #[global_allocator], wraps System)
+//!   MeteredAllocator<A>  (the binary's #[global_allocator], wraps A)
 //!        | every alloc / realloc / dealloc while a HeapMeter runs
 //!        v
 //!   live += size change;  peak = max(peak, live)
@@ -12,14 +12,15 @@
 //! The counters are the net change since [`HeapMeter::start`]: memory
 //! allocated before and freed during the sort counts negatively, so the
 //! peak is what the sort added at most. Outside a meter each allocation
-//! costs one relaxed atomic load more than `System`'s.
+//! costs one relaxed atomic load more than `A`'s.
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicBool, AtomicIsize, AtomicUsize, Ordering::Relaxed};
 
-/// The system allocator, counting bytes while a [`HeapMeter`] runs.
-/// Install it with `#[global_allocator]` in a binary that reports memory.
-pub struct MeteredAllocator;
+/// The allocator `A` (the system's unless told), counting bytes while a
+/// [`HeapMeter`] runs. Install it with `#[global_allocator]` in a binary
+/// that reports memory.
+pub struct MeteredAllocator<A = System>(pub A);
 
 static METERING: AtomicBool = AtomicBool::new(false);
 static LIVE: AtomicIsize = AtomicIsize::new(0);
@@ -36,11 +37,11 @@ fn note(delta: isize) {
     }
 }
 
-// SAFETY: every call is passed to `System` unchanged; the counting only
-// reads sizes and touches atomics.
-unsafe impl GlobalAlloc for MeteredAllocator {
+// SAFETY: every call is passed to `A` unchanged; the counting only reads
+// sizes and touches atomics.
+unsafe impl<A: GlobalAlloc> GlobalAlloc for MeteredAllocator<A> {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        let p = System.alloc(layout);
+        let p = self.0.alloc(layout);
         if !p.is_null() {
             note(layout.size() as isize);
         }
@@ -48,7 +49,7 @@ unsafe impl GlobalAlloc for MeteredAllocator {
     }
 
     unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        let p = System.alloc_zeroed(layout);
+        let p = self.0.alloc_zeroed(layout);
         if !p.is_null() {
             note(layout.size() as isize);
         }
@@ -56,12 +57,12 @@ unsafe impl GlobalAlloc for MeteredAllocator {
     }
 
     unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        System.dealloc(ptr, layout);
+        self.0.dealloc(ptr, layout);
         note(-(layout.size() as isize));
     }
 
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        let p = System.realloc(ptr, layout, new_size);
+        let p = self.0.realloc(ptr, layout, new_size);
         if !p.is_null() {
             note(new_size as isize - layout.size() as isize);
         }

@@ -3,7 +3,7 @@
 use insitu_extsort::heap::{HeapMeter, MeteredAllocator};
 
 #[global_allocator]
-static ALLOCATOR: MeteredAllocator = MeteredAllocator;
+static ALLOCATOR: MeteredAllocator = MeteredAllocator(std::alloc::System);
 
 const MIB: usize = 1 << 20;
 
