@@ -364,10 +364,34 @@ fn member_offsets(widths: &[usize]) -> Vec<usize> {
 /// `indices` (in range) and unpacks them into one buffer per member, a
 /// block of rows at a time.
 pub(crate) fn gather_packed(rows: &[u8], widths: &[usize], indices: &[u32]) -> Vec<Vec<u128>> {
+    gather_packed_with(
+        rows,
+        widths,
+        widths,
+        indices,
+        |m, block, row_width, offset, out| unpack_column(block, row_width, offset, widths[m], out),
+    )
+}
+
+/// [`gather_packed`] with each member's values turned into `out_widths`
+/// bytes per row by `unpack(member, gathered rows, row width, member
+/// offset, output)`.
+pub(crate) fn gather_packed_with(
+    rows: &[u8],
+    widths: &[usize],
+    out_widths: &[usize],
+    indices: &[u32],
+    unpack: impl Fn(usize, &[u8], usize, usize, &mut [u8]),
+) -> Vec<Vec<u128>> {
+    assert_eq!(
+        widths.len(),
+        out_widths.len(),
+        "one output width per member"
+    );
     let row_width: usize = widths.iter().sum();
     let offsets = member_offsets(widths);
     let n = indices.len();
-    let mut outputs: Vec<Vec<u128>> = widths
+    let mut outputs: Vec<Vec<u128>> = out_widths
         .iter()
         .map(|w| take_vec_filled((n * w).div_ceil(16)))
         .collect();
@@ -376,9 +400,9 @@ pub(crate) fn gather_packed(rows: &[u8], widths: &[usize], indices: &[u32]) -> V
     for (b, chunk) in indices.chunks(block_rows).enumerate() {
         let gathered = &mut block[..chunk.len() * row_width];
         gather_rows_into(rows, row_width, chunk, gathered);
-        for ((out, &w), &offset) in outputs.iter_mut().zip(widths).zip(&offsets) {
+        for (m, (out, &w)) in outputs.iter_mut().zip(out_widths).enumerate() {
             let dst = &mut as_bytes_mut(out)[b * block_rows * w..][..chunk.len() * w];
-            unpack_column(gathered, row_width, offset, w, dst);
+            unpack(m, gathered, row_width, offsets[m], dst);
         }
     }
     recycle(block);
@@ -440,7 +464,13 @@ pub(crate) fn pack_column(
 }
 
 /// Reads the `w`-byte values at byte `offset` of consecutive rows into `out`.
-fn unpack_column(rows: &[u8], row_width: usize, offset: usize, w: usize, out: &mut [u8]) {
+pub(crate) fn unpack_column(
+    rows: &[u8],
+    row_width: usize,
+    offset: usize,
+    w: usize,
+    out: &mut [u8],
+) {
     fn unpack<const W: usize>(rows: &[u8], row_width: usize, offset: usize, out: &mut [u8]) {
         let (out, _) = out.as_chunks_mut::<W>();
         for (row, v) in rows.chunks_exact(row_width).zip(out) {

@@ -16,7 +16,9 @@
 //! gather then costs one cache miss per row and row group, as in
 //! [`crate::gather_batch`]. View columns keep their data buffers: a view's
 //! buffer index is rebased while packing so that it points into the list of
-//! all batches' buffers. Other columns (booleans, dictionaries, offset
+//! all batches' buffers. Decimals that fit in i64 and strings of at most
+//! 7 bytes are packed in 8 bytes and widened again when gathered (see
+//! `Packing`). Other columns (booleans, dictionaries, offset
 //! strings, nested types) are concatenated once and gathered with `take`.
 //!
 //! An order that walks the batches nearly row by row (input already
@@ -35,8 +37,8 @@ use arrow::datatypes::{DataType, SchemaRef};
 use arrow::error::ArrowError;
 
 use crate::gather::{
-    as_bytes_mut, check_indices, fixed_part_bytes, gather_in_range, gather_nulls, gather_packed,
-    pack_column, row_groups,
+    as_bytes_mut, check_indices, fixed_part_bytes, gather_in_range, gather_nulls,
+    gather_packed_with, pack_column, row_groups, unpack_column,
 };
 use crate::mem::{pooled_buffer, recycle, take_vec_filled};
 
@@ -62,6 +64,8 @@ pub struct GatherSource {
     /// Global row number of each batch's first row, then `rows`.
     batch_starts: Vec<usize>,
     groups: Vec<PackedGroup>,
+    /// How each column's values sit in the packed rows.
+    packings: Vec<Packing>,
     columns: Vec<ColumnSource>,
 }
 
@@ -123,6 +127,99 @@ struct PackedGroup {
     members: Vec<(usize, usize)>,
 }
 
+/// How a packed column's values are stored in the rows. Narrower rows
+/// mean fewer cache lines per gathered row: lineitem's 184 bytes of
+/// fixed-width parts take three 64-byte row groups as they are, two with
+/// its decimals and short strings narrowed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Packing {
+    /// The values' bytes as they are.
+    Full,
+    /// 16-byte decimals that all fit in i64: their low 8 bytes,
+    /// sign-extended again when gathered.
+    DecimalAsI64,
+    /// Views that are all inline and at most 7 bytes long: the length's
+    /// low byte, then the first 7 bytes of the value, widened again when
+    /// gathered.
+    ShortViewAs8,
+}
+
+/// The longest view [`Packing::ShortViewAs8`] holds.
+const SHORT_VIEW_BYTES_MAX: u32 = 7;
+
+impl Packing {
+    /// How column `c` (of type `dt`) of `batches` is expected to pack:
+    /// decimals of precision 18 or less (below 10^18, so within i64) and
+    /// views whose first batch is all short, narrowed. Packing checks
+    /// every value as it goes (null slots included, so no validity is
+    /// read), and packs again in full if one does not fit.
+    fn expect(c: usize, dt: &DataType, batches: &[RecordBatch]) -> Self {
+        let first_short = || {
+            (batches.iter().find(|b| b.num_rows() > 0))
+                .is_some_and(|b| views_short(fixed_part_bytes(&b.column(c).to_data(), 16)))
+        };
+        match dt {
+            DataType::Decimal128(precision, _) if *precision <= 18 => Packing::DecimalAsI64,
+            DataType::Utf8View | DataType::BinaryView if first_short() => Packing::ShortViewAs8,
+            _ => Packing::Full,
+        }
+    }
+
+    /// Bytes a value of a column of `width` bytes takes in a row.
+    fn packed_width(self, width: usize) -> usize {
+        match self {
+            Packing::Full => width,
+            Packing::DecimalAsI64 | Packing::ShortViewAs8 => 8,
+        }
+    }
+}
+
+/// Whether every view in `values` is inline and at most
+/// [`SHORT_VIEW_BYTES_MAX`] bytes long.
+fn views_short(values: &[u8]) -> bool {
+    let (views, _) = values.as_chunks::<16>();
+    let longest = views.iter().fold(0u32, |longest, v| {
+        longest.max(u32::from_le_bytes(v[..4].try_into().expect("4 bytes")))
+    });
+    longest <= SHORT_VIEW_BYTES_MAX
+}
+
+/// A short view's 8 packed bytes: its length (below 256), then the first
+/// 7 bytes of its value (view bytes 4..11).
+#[inline(always)]
+fn narrow_view(view: u128) -> u64 {
+    (view as u8 as u64) | ((view >> 32) as u64) << 8
+}
+
+/// The view [`narrow_view`] packed.
+#[inline(always)]
+fn widen_view(narrowed: u64) -> u128 {
+    (narrowed & 0xff) as u128 | ((narrowed >> 8) as u128) << 32
+}
+
+/// Reads the 8-byte narrowed values at byte `offset` of consecutive rows
+/// into `out` as the 16-byte values they stand for.
+fn unpack_widened(packing: Packing, rows: &[u8], row_width: usize, offset: usize, out: &mut [u8]) {
+    let (out, _) = out.as_chunks_mut::<16>();
+    let narrowed = rows
+        .chunks_exact(row_width)
+        .map(|row| u64::from_le_bytes(row[offset..offset + 8].try_into().expect("8 bytes")));
+    // One loop per packing, so each is a plain conversion loop.
+    match packing {
+        Packing::DecimalAsI64 => {
+            for (o, v) in out.iter_mut().zip(narrowed) {
+                *o = (v as i64 as i128).to_le_bytes();
+            }
+        }
+        Packing::ShortViewAs8 => {
+            for (o, v) in out.iter_mut().zip(narrowed) {
+                *o = widen_view(v).to_le_bytes();
+            }
+        }
+        Packing::Full => unreachable!("full values are not narrowed"),
+    }
+}
+
 enum ColumnSource {
     /// A member of a packed group, with what its gathered arrays share.
     Packed {
@@ -179,8 +276,11 @@ impl GatherSource {
                 u32::MAX
             )));
         }
-        let packable: Vec<(usize, usize)> = (schema.fields().iter().enumerate())
-            .filter_map(|(i, f)| packed_width(f.data_type()).map(|w| (i, w)))
+        let mut packings: Vec<Packing> = (schema.fields().iter().enumerate())
+            .map(|(c, f)| match layout {
+                SourceLayout::Rows => Packing::expect(c, f.data_type(), batches),
+                SourceLayout::Columns => Packing::Full,
+            })
             .collect();
         // Per column: for views, where each batch's data buffers start in
         // the list of all of them (what its buffer indices are rebased by).
@@ -188,10 +288,16 @@ impl GatherSource {
             .map(|(c, f)| view_bases(c, f.data_type(), batches))
             .collect::<Result<_, _>>()?;
         let groups: Vec<PackedGroup> = match layout {
-            SourceLayout::Rows => row_groups(packable)
-                .into_iter()
-                .map(|members| pack_group(batches, members, &view_bases, rows))
-                .collect(),
+            // Each retry packs one column more in full: at most one per
+            // narrowed column.
+            SourceLayout::Rows => loop {
+                match pack_groups(&schema, batches, &packings, &view_bases, rows) {
+                    Ok(groups) => break groups,
+                    Err(misfits) => misfits
+                        .into_iter()
+                        .for_each(|c| packings[c] = Packing::Full),
+                }
+            },
             SourceLayout::Columns => vec![],
         };
         let mut batch_starts = Vec::with_capacity(batches.len() + 1);
@@ -231,6 +337,7 @@ impl GatherSource {
             rows,
             batch_starts,
             groups,
+            packings,
             columns,
         })
     }
@@ -246,8 +353,21 @@ impl GatherSource {
         let mut out: Vec<Option<ArrayRef>> = vec![None; self.columns.len()];
         for group in &self.groups {
             let widths: Vec<usize> = group.members.iter().map(|&(_, w)| w).collect();
-            let values = gather_packed(&group.rows, &widths, indices);
-            for (&(c, w), values) in group.members.iter().zip(values) {
+            let out_widths: Vec<usize> = (group.members.iter())
+                .map(|&(c, w)| match self.packings[c] {
+                    Packing::Full => w,
+                    _ => 16,
+                })
+                .collect();
+            let unpack =
+                |m: usize, rows: &[u8], row_width: usize, offset: usize, out: &mut [u8]| match self
+                    .packings[group.members[m].0]
+                {
+                    Packing::Full => unpack_column(rows, row_width, offset, widths[m], out),
+                    packing => unpack_widened(packing, rows, row_width, offset, out),
+                };
+            let values = gather_packed_with(&group.rows, &widths, &out_widths, indices, unpack);
+            for ((&(c, _), values), &w) in group.members.iter().zip(values).zip(&out_widths) {
                 let ColumnSource::Packed {
                     nulls,
                     data_buffers,
@@ -421,15 +541,47 @@ fn packed_width(dt: &DataType) -> Option<usize> {
     }
 }
 
-/// Packs the `members` columns of every batch into rows, batch after batch.
+/// Packs the packable columns of `batches` into row groups, as
+/// `packings` says; or names the narrowed columns a value did not fit.
+fn pack_groups(
+    schema: &SchemaRef,
+    batches: &[RecordBatch],
+    packings: &[Packing],
+    view_bases: &[Option<Vec<u32>>],
+    rows: usize,
+) -> Result<Vec<PackedGroup>, Vec<usize>> {
+    let packable: Vec<(usize, usize)> = (schema.fields().iter().enumerate())
+        .filter_map(|(c, f)| {
+            let width = packed_width(f.data_type())?;
+            Some((c, packings[c].packed_width(width)))
+        })
+        .collect();
+    let mut groups = vec![];
+    let mut misfits = vec![];
+    for members in row_groups(packable) {
+        let (group, group_misfits) = pack_group(batches, members, packings, view_bases, rows);
+        groups.push(group);
+        misfits.extend(group_misfits);
+    }
+    if misfits.is_empty() {
+        return Ok(groups);
+    }
+    groups.into_iter().for_each(|g| recycle(g.rows));
+    Err(misfits)
+}
+
+/// Packs the `members` columns of every batch into rows, batch after
+/// batch; also returns the narrowed members a value did not fit.
 fn pack_group(
     batches: &[RecordBatch],
     members: Vec<(usize, usize)>,
+    packings: &[Packing],
     view_bases: &[Option<Vec<u32>>],
     rows: usize,
-) -> PackedGroup {
+) -> (PackedGroup, Vec<usize>) {
     let row_width: usize = members.iter().map(|&(_, w)| w).sum();
     let mut packed: Vec<u8> = take_vec_filled(rows * row_width);
+    let mut misfits = vec![];
     let mut at = 0;
     for (b, batch) in batches.iter().enumerate() {
         let n = batch.num_rows();
@@ -437,18 +589,72 @@ fn pack_group(
         let mut offset = 0;
         for &(c, w) in &members {
             let data = batch.column(c).to_data();
-            let values = fixed_part_bytes(&data, w);
-            match view_bases[c].as_ref().map_or(0, |bases| bases[b]) {
-                0 => pack_column(values, dst, row_width, offset, w),
-                base => pack_views(values, dst, row_width, offset, base),
+            let base = view_bases[c].as_ref().map_or(0, |bases| bases[b]);
+            match packings[c] {
+                Packing::Full if base == 0 => {
+                    pack_column(fixed_part_bytes(&data, w), dst, row_width, offset, w)
+                }
+                Packing::Full => {
+                    pack_views(fixed_part_bytes(&data, w), dst, row_width, offset, base)
+                }
+                // Short views are inline: no buffer index to rebase.
+                packing => {
+                    let values = fixed_part_bytes(&data, 16);
+                    if !pack_narrowed(packing, values, dst, row_width, offset)
+                        && !misfits.contains(&c)
+                    {
+                        misfits.push(c);
+                    }
+                }
             }
             offset += w;
         }
         at += n;
     }
-    PackedGroup {
+    let group = PackedGroup {
         rows: packed,
         members,
+    };
+    (group, misfits)
+}
+
+/// Packs 16-byte values narrowed to 8 bytes as `packing` says at byte
+/// `offset` of consecutive rows; false if a value does not fit (the rows
+/// then hold garbage for it).
+fn pack_narrowed(
+    packing: Packing,
+    values: &[u8],
+    rows: &mut [u8],
+    row_width: usize,
+    offset: usize,
+) -> bool {
+    let (values, _) = values.as_chunks::<16>();
+    let rows = rows.chunks_exact_mut(row_width);
+    // Misfits are OR-ed, not tested per value, so the loops stay plain.
+    match packing {
+        // Little-endian: an i64-sized i128's low 8 bytes are the i64, and
+        // its high 8 bytes are the low ones' sign.
+        Packing::DecimalAsI64 => {
+            let mut misfits = 0u64;
+            for (v, row) in values.iter().zip(rows) {
+                let (low, high) = v.split_at(8);
+                let low = i64::from_le_bytes(low.try_into().expect("8 bytes"));
+                let high = i64::from_le_bytes(high.try_into().expect("8 bytes"));
+                misfits |= (high ^ (low >> 63)) as u64;
+                row[offset..offset + 8].copy_from_slice(&low.to_le_bytes());
+            }
+            misfits == 0
+        }
+        Packing::ShortViewAs8 => {
+            let mut longest = 0u32;
+            for (v, row) in values.iter().zip(rows) {
+                let view = u128::from_le_bytes(*v);
+                longest = longest.max(view as u32);
+                row[offset..offset + 8].copy_from_slice(&narrow_view(view).to_le_bytes());
+            }
+            longest <= SHORT_VIEW_BYTES_MAX
+        }
+        Packing::Full => unreachable!("full values are not narrowed"),
     }
 }
 
@@ -512,4 +718,117 @@ fn concat_nulls(arrays: &[&dyn Array]) -> Option<NullBuffer> {
         }
     }
     Some(NullBuffer::new(bits.finish()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use arrow::array::{Decimal128Array, Int64Array, StringViewArray, UInt32Array};
+    use arrow::datatypes::{Field, Schema};
+
+    /// Decimals of `precision`, not checked against it.
+    fn decimals(precision: u8, values: Vec<Option<i128>>) -> ArrayRef {
+        Arc::new(
+            Decimal128Array::from(values)
+                .with_precision_and_scale(precision, 2)
+                .unwrap(),
+        )
+    }
+
+    fn batch(columns: Vec<ArrayRef>) -> RecordBatch {
+        let fields: Vec<Field> = (columns.iter().enumerate())
+            .map(|(i, a)| Field::new(format!("c{i}"), a.data_type().clone(), true))
+            .collect();
+        RecordBatch::try_new(Arc::new(Schema::new(fields)), columns).unwrap()
+    }
+
+    /// Gathers `batches` through packed rows in a scrambled order and
+    /// compares with `take` over their concatenation; returns the source.
+    fn gathers_like_take(batches: &[RecordBatch]) -> GatherSource {
+        let schema = batches[0].schema();
+        let source =
+            GatherSource::with_layout(schema.clone(), batches, SourceLayout::Rows).unwrap();
+        let whole = arrow::compute::concat_batches(&schema, batches).unwrap();
+        let n = whole.num_rows() as u32;
+        let order: Vec<u32> = (0..n).map(|i| (i * 7 + 3) % n).collect();
+        let got = source.gather(&order).unwrap();
+        let indices = UInt32Array::from(order);
+        for c in 0..whole.num_columns() {
+            let want = arrow::compute::take(whole.column(c), &indices, None).unwrap();
+            got.column(c).to_data().validate_full().unwrap();
+            assert_eq!(got.column(c).as_ref(), want.as_ref(), "column {c}");
+        }
+        source
+    }
+
+    #[test]
+    fn decimals_narrow_when_their_precision_and_every_value_fit_i64() {
+        let (min, max) = (i64::MIN as i128, i64::MAX as i128);
+        let fits = |p| {
+            batch(vec![decimals(
+                p,
+                vec![Some(min), None, Some(-1), Some(max)],
+            )])
+        };
+        let other = |p| batch(vec![decimals(p, vec![Some(5), Some(-7)])]);
+        let source = gathers_like_take(&[fits(18), other(18)]);
+        assert_eq!(source.packings, [Packing::DecimalAsI64]);
+        // Values past the precision (arrow-rs does not check on building)
+        // are packed again in full, wherever they are.
+        for outside in [max + 1, min - 1, i128::MAX] {
+            let wide = batch(vec![decimals(18, vec![Some(1), Some(outside)])]);
+            for batches in [[fits(18), wide.clone()], [wide.clone(), fits(18)]] {
+                let source = gathers_like_take(&batches);
+                assert_eq!(source.packings, [Packing::Full], "{outside}");
+            }
+        }
+        // A precision past 18 is not narrowed even if the values fit.
+        let source = gathers_like_take(&[fits(19), other(19)]);
+        assert_eq!(source.packings, [Packing::Full]);
+    }
+
+    #[test]
+    fn views_narrow_only_when_every_value_is_seven_bytes_or_fewer() {
+        let short = |v: Vec<Option<&str>>| -> ArrayRef { Arc::new(StringViewArray::from(v)) };
+        let fits = batch(vec![short(vec![
+            Some(""),
+            None,
+            Some("a"),
+            Some("REG AIR"),
+        ])]);
+        let more = batch(vec![short(vec![Some("7 bytes"), Some("AIR"), None])]);
+        let empty = fits.slice(0, 0);
+        let source = gathers_like_take(&[empty.clone(), fits.clone(), more]);
+        assert_eq!(source.packings, [Packing::ShortViewAs8]);
+        for longer in ["8 bytes!", "longer than twelve bytes"] {
+            let other = batch(vec![short(vec![Some("x"), Some(longer)])]);
+            // Found while packing (after a short first batch), or up front.
+            for batches in [[fits.clone(), other.clone()], [other.clone(), fits.clone()]] {
+                let source = gathers_like_take(&batches);
+                assert_eq!(source.packings, [Packing::Full], "{longer}");
+            }
+        }
+    }
+
+    #[test]
+    fn narrowed_columns_take_fewer_row_groups() {
+        // Four decimals, two short strings and two 8-byte integers: 128
+        // bytes in full (two 64-byte groups), 64 narrowed (one).
+        let n = 50;
+        let mut columns: Vec<ArrayRef> = (0..4)
+            .map(|k| decimals(15, (0..n).map(|i| Some(i * 100 + k)).collect()))
+            .collect();
+        for _ in 0..2 {
+            let words = ["N", "O", "TRUCK"];
+            let values = (0..n as usize).map(|i| Some(words[i % 3]));
+            columns.push(Arc::new(StringViewArray::from_iter(values)));
+        }
+        for _ in 0..2 {
+            columns.push(Arc::new(Int64Array::from_iter_values(0..n as i64)));
+        }
+        let source = gathers_like_take(&[batch(columns)]);
+        assert_eq!(source.groups.len(), 1);
+        let row_width: usize = source.groups[0].members.iter().map(|&(_, w)| w).sum();
+        assert_eq!(row_width, 64);
+    }
 }
