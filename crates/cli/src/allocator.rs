@@ -71,6 +71,9 @@ use mimalloc::MiMalloc;
 /// for `extsort`) or `system` (glibc's).
 pub const ALLOCATOR_VAR: &str = "INSITU_ALLOCATOR";
 
+/// [`ALLOCATOR_VAR`] as the C string `getenv` takes.
+const ALLOCATOR_VAR_C: &std::ffi::CStr = c"INSITU_ALLOCATOR";
+
 /// Which allocator serves the process.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Kind {
@@ -100,7 +103,7 @@ fn decide() -> Kind {
     // SAFETY: getenv reads the environment without allocating; the first
     // allocation comes before `tune` edits the environment, and while
     // the process has one thread. The name is NUL-terminated.
-    let value = unsafe { libc::getenv(c"INSITU_ALLOCATOR".as_ptr()) };
+    let value = unsafe { libc::getenv(ALLOCATOR_VAR_C.as_ptr()) };
     // SAFETY: a non-null getenv result is a NUL-terminated string.
     let system =
         !value.is_null() && unsafe { std::ffi::CStr::from_ptr(value) }.to_bytes() == b"system";
@@ -254,9 +257,6 @@ fn keep_freed_memory() {
     let user_set = ["MIMALLOC_PURGE_DELAY", "MIMALLOC_RESET_DELAY"]
         .iter()
         .any(|v| std::env::var_os(v).is_some());
-    if kind() != Kind::Mimalloc {
-        return;
-    }
     if user_set {
         let _ = SETUP.set("purge delay set by the user".into());
         return;
@@ -326,5 +326,15 @@ fn set_with_mallopt() {
         libc::mallopt(libc::M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES);
         libc::mallopt(libc::M_TRIM_THRESHOLD, TRIM_THRESHOLD_BYTES);
         libc::mallopt(libc::M_ARENA_MAX, ARENAS_MAX);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_variable_read_at_the_first_allocation_is_the_documented_one() {
+        assert_eq!(ALLOCATOR_VAR_C.to_str(), Ok(ALLOCATOR_VAR));
     }
 }
