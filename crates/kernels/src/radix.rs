@@ -499,8 +499,24 @@ struct ScatterTarget<K, I> {
 }
 unsafe impl<K: Send, I: Send> Sync for ScatterTarget<K, I> {}
 
+/// Slots per staged group: a bucket's keys and rows wait in a small stage
+/// until they fill a group of this many slots aligned on the group size
+/// (a whole cache line of u64 keys), then go out together.
+const STAGE_ROWS: usize = 8;
+/// How many groups past the one just written a bucket's output is
+/// prefetched for writing. At 100M random u64 keys (`sortbench`, 2
+/// threads) the top-level scatter took 580 ms writing row by row, 409 ms
+/// staged in aligned groups, 357 ms prefetching 1 group ahead, 216 ms 2
+/// ahead, and about as long 3 or 4 ahead. Streaming (non-temporal) stores
+/// of the groups took 640-1066 ms.
+const PREFETCH_GROUPS_AHEAD: usize = 2;
+
 /// Writes each key of `keys`, with the next row index of `rows`, to slot
 /// `offsets[b]` (then the next) of `target`, `b` being its byte `level`.
+///
+/// The writes go through a stage of `STAGE_ROWS` slots per bucket that
+/// stays in L1, so the 256 far-apart output streams are written a cache
+/// line at a time, with the lines a bucket writes next prefetched.
 ///
 /// # Safety
 /// For every `b`, the slots from `offsets[b]` on, as many as `keys` has
@@ -510,18 +526,71 @@ unsafe fn scatter_raw<K: RadixKey, I: SortIndex>(
     keys: &[K],
     rows: impl Iterator<Item = I>,
     level: usize,
-    mut offsets: [usize; 256],
+    offsets: [usize; 256],
     target: &ScatterTarget<K, I>,
 ) {
-    for (&k, i) in keys.iter().zip(rows) {
-        let slot = &mut offsets[k.byte(level)];
-        // SAFETY: the caller's contract.
+    const LAST: usize = STAGE_ROWS - 1;
+    let mut stage_keys = vec![K::default(); 256 * STAGE_ROWS];
+    let mut stage_rows = vec![I::default(); 256 * STAGE_ROWS];
+    let first = offsets;
+    let mut next = offsets;
+    // Copies the staged slots `lo..=hi` of bucket `b` (within one group) out.
+    let copy_out = |b: usize, lo: usize, hi: usize, keys: &[K], rows: &[I]| {
+        debug_assert!(lo >= first[b] && lo <= hi && lo / STAGE_ROWS == hi / STAGE_ROWS);
+        let at = b * STAGE_ROWS + lo % STAGE_ROWS;
+        // SAFETY: the caller's contract: `lo..=hi` are slots of bucket `b`
+        // (asserted above); `at..` holds them in the stage.
         unsafe {
-            *target.keys.add(*slot) = k;
-            *target.idx.add(*slot) = i;
+            let n = hi + 1 - lo;
+            std::ptr::copy_nonoverlapping(keys.as_ptr().add(at), target.keys.add(lo), n);
+            std::ptr::copy_nonoverlapping(rows.as_ptr().add(at), target.idx.add(lo), n);
         }
-        *slot += 1;
+    };
+    for (&k, i) in keys.iter().zip(rows) {
+        let b = k.byte(level);
+        let slot = next[b];
+        next[b] = slot + 1;
+        let at = b * STAGE_ROWS + slot % STAGE_ROWS;
+        // SAFETY: b < 256, so `at` is inside the stage.
+        unsafe {
+            *stage_keys.get_unchecked_mut(at) = k;
+            *stage_rows.get_unchecked_mut(at) = i;
+        }
+        if slot % STAGE_ROWS == LAST {
+            copy_out(
+                b,
+                (slot - LAST).max(first[b]),
+                slot,
+                &stage_keys,
+                &stage_rows,
+            );
+            // Slot `slot + 1` starts the next group.
+            let ahead = slot + 1 + (PREFETCH_GROUPS_AHEAD - 1) * STAGE_ROWS;
+            prefetch_for_write(target.keys.wrapping_add(ahead));
+            prefetch_for_write(target.idx.wrapping_add(ahead));
+        }
     }
+    for b in 0..256 {
+        let end = next[b];
+        let lo = (end - end % STAGE_ROWS).max(first[b]);
+        if lo < end {
+            copy_out(b, lo, end - 1, &stage_keys, &stage_rows);
+        }
+    }
+}
+
+/// A hint that the cache line at `p` will soon be written; never faults,
+/// whatever `p` is.
+#[inline(always)]
+fn prefetch_for_write<T>(p: *const T) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: a prefetch is a hint: it reads nothing and cannot fault.
+    unsafe {
+        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_ET0};
+        _mm_prefetch::<_MM_HINT_ET0>(p as *const i8);
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = p;
 }
 
 /// Counts of each value of a byte of the keys, one histogram per chunk of
@@ -954,6 +1023,50 @@ mod tests {
                     stable_order(&small)
                 );
             }
+        }
+    }
+
+    /// The staged scatter writes exactly the slots each bucket owns, in
+    /// input order, whatever the buckets' sizes and alignment: slots owned
+    /// by no one (a gap of 3 before every bucket) keep their sentinel.
+    #[test]
+    fn staged_scatter_writes_each_bucket_in_order_and_nothing_else() {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(13);
+        const GAP: usize = 3;
+        for n in [0, 1, 2, 7, 49, 50, 51, 1000, 100_000] {
+            let buckets_used = rng.random_range(1..=256usize);
+            let keys: Vec<u64> = (0..n)
+                .map(|_| {
+                    (rng.random_range(0..buckets_used) as u64) << 56 | rng.random::<u32>() as u64
+                })
+                .collect();
+            let counts = byte_counts(&keys, 0);
+            let mut offsets = [0usize; 256];
+            let mut end = 0;
+            for b in 0..256 {
+                offsets[b] = end + GAP;
+                end += GAP + counts[b];
+            }
+            let mut out_keys = vec![u64::MAX; end + GAP];
+            let mut out_rows = vec![u32::MAX; end + GAP];
+            let target = ScatterTarget {
+                keys: out_keys.as_mut_ptr(),
+                idx: out_rows.as_mut_ptr(),
+            };
+            // SAFETY: bucket b's slots offsets[b].. (counts[b] of them) lie
+            // inside the outputs and no one else writes them.
+            unsafe { scatter_raw(&keys, 0..n as u32, 0, offsets, &target) };
+            let mut want_keys = vec![u64::MAX; end + GAP];
+            let mut want_rows = vec![u32::MAX; end + GAP];
+            let mut next = offsets;
+            for (i, &k) in keys.iter().enumerate() {
+                let b = k.byte(0);
+                want_keys[next[b]] = k;
+                want_rows[next[b]] = i as u32;
+                next[b] += 1;
+            }
+            assert!(out_keys == want_keys, "keys, n = {n}");
+            assert!(out_rows == want_rows, "rows, n = {n}");
         }
     }
 
