@@ -1099,8 +1099,7 @@ fn views_of<T: ByteArrayType>(
     {
         let (start, end) = (w[0].as_usize(), w[1].as_usize());
         longest = longest.max(end - start);
-        // `start` fits in u32: it is at most `bytes.len()`, checked above.
-        slot.write(make_view(&bytes_read[start..end], 0, start as u32));
+        slot.write(view_of_value(bytes_read, start, end));
     }
     // SAFETY: all `entries` slots were written above.
     unsafe { views.set_len(entries) };
@@ -1115,6 +1114,34 @@ fn views_of<T: ByteArrayType>(
         buffers,
         utf8,
     })
+}
+
+/// The view of `bytes[start..end]` in buffer 0, as Arrow's `make_view`
+/// builds it: length, then the value itself when it is at most 12 bytes,
+/// else its first 4 bytes, the buffer index and `start`. Away from the
+/// end of `bytes` this reads 16 bytes at once and masks them, with no
+/// copy of a variable length: decoding 100M rows to views a 64Ki-row call
+/// at a time from 64Ki entries of 1-32 bytes, each call building its
+/// table, took 0.43-0.44 s through `make_view`, 0.40-0.41 s through this
+/// (`sortbench --only-decode`).
+/// Precondition: `start <= end <= bytes.len() <= u32::MAX` (checked by the
+/// caller for the length; the slice bounds for the rest).
+#[inline(always)]
+fn view_of_value(bytes: &[u8], start: usize, end: usize) -> u128 {
+    let len = end - start;
+    let Some(word) = bytes.get(start..start + 16) else {
+        // Within 16 bytes of the end: the value is short, this is rare.
+        return make_view(&bytes[start..end], 0, start as u32);
+    };
+    assert!(len <= bytes.len() - start, "value within the bytes");
+    let raw = u128::from_le_bytes(word.try_into().expect("16 bytes"));
+    let head = if len <= MAX_INLINE_VIEW_BYTES {
+        raw & ((1u128 << (8 * len)) - 1)
+    } else {
+        // `start` fits in u32: the caller checked `bytes.len()`.
+        (raw & 0xffff_ffff) | (start as u128) << 64
+    };
+    head << 32 | len as u128
 }
 
 /// A view holds values of up to this many bytes itself (Arrow's layout).
@@ -1137,6 +1164,24 @@ mod tests {
         let f = std::panic::AssertUnwindSafe(f);
         let err = std::panic::catch_unwind(f).expect_err("decode must refuse the key");
         err.downcast_ref::<String>().cloned().unwrap_or_default()
+    }
+
+    /// Every length up to past the inline limit, at every position up to
+    /// the end of the bytes (where the 16-byte read does not fit), gives
+    /// the view Arrow's `make_view` gives.
+    #[test]
+    fn view_of_value_matches_make_view() {
+        let bytes: Vec<u8> = (0..100u32).map(|i| (i * 37 + 11) as u8).collect();
+        for start in 0..=bytes.len() {
+            for len in 0..=(bytes.len() - start).min(40) {
+                let value = &bytes[start..start + len];
+                assert_eq!(
+                    view_of_value(&bytes, start, start + len),
+                    make_view(value, 0, start as u32),
+                    "start {start}, length {len}"
+                );
+            }
+        }
     }
 
     /// Starts kept as u64 (dictionaries past 4 GiB of values, too large
