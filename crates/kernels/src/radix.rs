@@ -539,7 +539,8 @@ unsafe fn scatter_raw<K: RadixKey, I: SortIndex>(
         debug_assert!(lo >= first[b] && lo <= hi && lo / STAGE_ROWS == hi / STAGE_ROWS);
         let at = b * STAGE_ROWS + lo % STAGE_ROWS;
         // SAFETY: the caller's contract: `lo..=hi` are slots of bucket `b`
-        // (asserted above); `at..` holds them in the stage.
+        // (every call passes `lo >= first[b]` and `hi < next[b]`, within
+        // one group); `at..` holds them in the stage.
         unsafe {
             let n = hi + 1 - lo;
             std::ptr::copy_nonoverlapping(keys.as_ptr().add(at), target.keys.add(lo), n);
