@@ -172,6 +172,14 @@ impl Packing {
             Packing::DecimalAsI64 | Packing::ShortViewAs8 => 8,
         }
     }
+
+    /// Bytes a gathered value takes again, from `packed` bytes in a row.
+    fn unpacked_width(self, packed: usize) -> usize {
+        match self {
+            Packing::Full => packed,
+            Packing::DecimalAsI64 | Packing::ShortViewAs8 => 16,
+        }
+    }
 }
 
 /// Whether every view in `values` is inline and at most
@@ -354,10 +362,7 @@ impl GatherSource {
         for group in &self.groups {
             let widths: Vec<usize> = group.members.iter().map(|&(_, w)| w).collect();
             let out_widths: Vec<usize> = (group.members.iter())
-                .map(|&(c, w)| match self.packings[c] {
-                    Packing::Full => w,
-                    _ => 16,
-                })
+                .map(|&(c, w)| self.packings[c].unpacked_width(w))
                 .collect();
             let unpack =
                 |m: usize, rows: &[u8], row_width: usize, offset: usize, out: &mut [u8]| match self
