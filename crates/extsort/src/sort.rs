@@ -338,17 +338,10 @@ fn key_less<'r>(
 pub fn sort_chunk(chunk: &[u8], r: usize, k: usize, threads: usize) -> Vec<u32> {
     assert!(chunk.len().is_multiple_of(r), "whole records");
     let n = chunk.len() / r;
-    let prefix = k.min(16);
-    let keys: Vec<u128> = chunk
-        .chunks_exact(r)
-        .map(|rec| {
-            let mut key = [0u8; 16];
-            key[16 - prefix..].copy_from_slice(&rec[..prefix]);
-            u128::from_be_bytes(key)
-        })
-        .collect();
+    let mut keys = vec![0u128; n];
+    extract_keys(chunk, r, k, &mut keys, threads);
     let mut idx: Vec<u32> = (0..n as u32).collect();
-    if k <= 16 {
+    if k <= PREFIX_BYTES {
         sort_pairs(keys, &mut idx, threads.max(1));
     } else {
         let key = |i: u32| &chunk[i as usize * r..i as usize * r + k];
@@ -358,6 +351,31 @@ pub fn sort_chunk(chunk: &[u8], r: usize, k: usize, threads: usize) -> Vec<u32> 
         .windows(2)
         .all(|w| chunk[w[0] as usize * r..][..k] <= chunk[w[1] as usize * r..][..k]));
     idx
+}
+
+/// `keys[i]` = the first 16 bytes of record `i`'s key as a big-endian
+/// integer in the low bytes (the radix sort skips the zero high bytes), on
+/// `threads` threads.
+fn extract_keys(chunk: &[u8], r: usize, k: usize, keys: &mut [u128], threads: usize) {
+    debug_assert_eq!(chunk.len(), keys.len() * r, "a key per record");
+    let unused_bits = 8 * (PREFIX_BYTES - k.min(PREFIX_BYTES));
+    let fill = |records: &[u8], keys: &mut [u128]| {
+        for (rec, key) in records.chunks_exact(r).zip(keys.iter_mut()) {
+            *key = key_prefix(rec, 0, k) >> unused_bits;
+        }
+    };
+    if threads < 2 || keys.len() < PARALLEL_GATHER_RECORDS_MIN {
+        return fill(chunk, keys);
+    }
+    let per_thread = keys.len().div_ceil(threads);
+    std::thread::scope(|s| {
+        for (records, part) in chunk
+            .chunks(per_thread * r)
+            .zip(keys.chunks_mut(per_thread))
+        {
+            s.spawn(move || fill(records, part));
+        }
+    });
 }
 
 /// A sorted run: on disk (its file, and for a compressed run the stored
