@@ -364,7 +364,7 @@ fn extract_keys(chunk: &[u8], r: usize, k: usize, keys: &mut [u128], threads: us
             *key = key_prefix(rec, 0, k) >> unused_bits;
         }
     };
-    if threads < 2 || keys.len() < PARALLEL_GATHER_RECORDS_MIN {
+    if threads < 2 || keys.len() < PARALLEL_RECORDS_MIN {
         return fill(chunk, keys);
     }
     let per_thread = keys.len().div_ceil(threads);
@@ -448,8 +448,9 @@ impl Outputs {
     }
 }
 
-/// Records below this count are gathered on one thread.
-const PARALLEL_GATHER_RECORDS_MIN: usize = 4096;
+/// Records below this count are gathered, or their keys read, on one
+/// thread.
+const PARALLEL_RECORDS_MIN: usize = 4096;
 
 /// `out` = the records of `chunk` that `order` names, in that order, on
 /// `threads` threads: random reads of 100-byte records are the sort
@@ -457,7 +458,7 @@ const PARALLEL_GATHER_RECORDS_MIN: usize = 4096;
 fn gather_records(chunk: &[u8], r: usize, order: &[u32], out: &mut Vec<u8>, threads: usize) {
     out.clear();
     out.resize(order.len() * r, 0);
-    if threads < 2 || order.len() < PARALLEL_GATHER_RECORDS_MIN {
+    if threads < 2 || order.len() < PARALLEL_RECORDS_MIN {
         gather_rows_into(chunk, r, order, out);
         return;
     }
@@ -818,6 +819,24 @@ mod tests {
                     None => 0,
                 };
                 assert_eq!(key_prefix(&bytes, at, key), want, "key {key} at {at}");
+            }
+        }
+    }
+
+    /// On every thread count the order is the stable order by whole key,
+    /// at sizes where the keys are read on one thread and on several, for
+    /// keys shorter than, as long as, and longer than the 16-byte prefix.
+    #[test]
+    fn sort_chunk_orders_records_stably_on_any_thread_count() {
+        for (r, k) in [(100, 10), (40, 16), (40, 24)] {
+            for n in [0, 1, 2, 7, 49, 50, 51, 1000, PARALLEL_RECORDS_MIN + 7] {
+                let data = records(n, r, k, (n + k) as u64);
+                let mut want: Vec<u32> = (0..n as u32).collect();
+                want.sort_by_key(|&i| &data[i as usize * r..][..k]);
+                for threads in [1, 2, 3] {
+                    let got = sort_chunk(&data, r, k, threads);
+                    assert_eq!(got, want, "r {r} k {k} n {n} threads {threads}");
+                }
             }
         }
     }
