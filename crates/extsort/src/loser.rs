@@ -14,8 +14,9 @@
 //! Inputs are [`MergeCursor`]s. Each node holds its player's key prefix
 //! beside the input's number, so a match compares two integers held in the
 //! tree and touches no cursor unless the prefixes tie on a longer key; the
-//! replay picks winner and loser without branching on the outcome, which
-//! on random keys is a coin toss the CPU would mispredict half the time.
+//! replay picks winner and loser as selects, not as a branch on the
+//! outcome, which on random keys is a coin toss a predictor misses half
+//! the time.
 //! A finished input plays as prefix `u128::MAX` with a number past every
 //! live one, so it loses to everything, and ties go to the lower input
 //! index: merging runs in their order keeps equal keys in input order (the

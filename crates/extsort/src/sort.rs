@@ -357,25 +357,13 @@ pub fn sort_chunk(chunk: &[u8], r: usize, k: usize, threads: usize) -> Vec<u32> 
 /// integer in the low bytes (the radix sort skips the zero high bytes), on
 /// `threads` threads.
 fn extract_keys(chunk: &[u8], r: usize, k: usize, keys: &mut [u128], threads: usize) {
-    debug_assert_eq!(chunk.len(), keys.len() * r, "a key per record");
     let unused_bits = 8 * (PREFIX_BYTES - k.min(PREFIX_BYTES));
     let fill = |records: &[u8], keys: &mut [u128]| {
         for (rec, key) in records.chunks_exact(r).zip(keys.iter_mut()) {
             *key = key_prefix(rec, 0, k) >> unused_bits;
         }
     };
-    if threads < 2 || keys.len() < PARALLEL_RECORDS_MIN {
-        return fill(chunk, keys);
-    }
-    let per_thread = keys.len().div_ceil(threads);
-    std::thread::scope(|s| {
-        for (records, part) in chunk
-            .chunks(per_thread * r)
-            .zip(keys.chunks_mut(per_thread))
-        {
-            s.spawn(move || fill(records, part));
-        }
-    });
+    on_threads((chunk, r), (keys, 1), threads, fill);
 }
 
 /// A sorted run: on disk (its file, and for a compressed run the stored
@@ -458,14 +446,31 @@ const PARALLEL_RECORDS_MIN: usize = 4096;
 fn gather_records(chunk: &[u8], r: usize, order: &[u32], out: &mut Vec<u8>, threads: usize) {
     out.clear();
     out.resize(order.len() * r, 0);
-    if threads < 2 || order.len() < PARALLEL_RECORDS_MIN {
-        gather_rows_into(chunk, r, order, out);
-        return;
+    let gather = |part: &[u32], dst: &mut [u8]| gather_rows_into(chunk, r, part, dst);
+    on_threads((order, 1), (out, r), threads, gather);
+}
+
+/// `work` on parts of `input` and `output` that hold the same records,
+/// one part per thread: each is given as a slice and the items it holds
+/// per record. Below [`PARALLEL_RECORDS_MIN`] records, or on one thread,
+/// `work` takes both whole on the calling thread.
+fn on_threads<A: Sync, B: Send>(
+    (input, input_per_record): (&[A], usize),
+    (output, output_per_record): (&mut [B], usize),
+    threads: usize,
+    work: impl Fn(&[A], &mut [B]) + Sync,
+) {
+    let records = output.len() / output_per_record;
+    debug_assert_eq!(input.len(), records * input_per_record, "the same records");
+    if threads < 2 || records < PARALLEL_RECORDS_MIN {
+        return work(input, output);
     }
-    let per_thread = order.len().div_ceil(threads);
+    let per_thread = records.div_ceil(threads);
+    let work = &work;
     std::thread::scope(|s| {
-        for (part, dst) in order.chunks(per_thread).zip(out.chunks_mut(per_thread * r)) {
-            s.spawn(move || gather_rows_into(chunk, r, part, dst));
+        let inputs = input.chunks(per_thread * input_per_record);
+        for (part, dst) in inputs.zip(output.chunks_mut(per_thread * output_per_record)) {
+            s.spawn(move || work(part, dst));
         }
     });
 }
