@@ -428,7 +428,8 @@ fn gather_by_keys<N: ArrowNativeType, T: ArrowNativeType + Pod>(
 }
 
 /// AVX2 gathers for 4-byte keys into 4- and 8-byte values: eight (or
-/// four) values per instruction instead of one load each.
+/// four) values per instruction instead of one load each; 16-byte values
+/// (views) by unrolled loads.
 #[cfg(target_arch = "x86_64")]
 mod simd {
     use std::arch::x86_64::*;
@@ -464,6 +465,12 @@ mod simd {
                     dst.as_mut_ptr().cast(),
                 )),
                 8 => Some(gather_8(
+                    keys,
+                    values.as_ptr().cast(),
+                    values.len(),
+                    dst.as_mut_ptr().cast(),
+                )),
+                16 => Some(gather_16(
                     keys,
                     values.as_ptr().cast(),
                     values.len(),
@@ -516,6 +523,44 @@ mod simd {
         }
         let lanes: [u32; 4] = std::mem::transmute(widest);
         let widest = lanes.into_iter().max().unwrap_or(0);
+        scalar_tail(keys, blocks * 4, values, last, dst, widest)
+    }
+
+    /// 16-byte values (string views) four rows at a time, one unaligned
+    /// 16-byte load each: no gather instruction moves 16-byte lanes, and
+    /// four independent loads keep as many misses in flight. sortbench,
+    /// views of 64Ki entries (1 MiB), one decoder: 0.64-0.65 G rows/s
+    /// through the scalar loop, 0.65-0.76 this way.
+    ///
+    /// # Safety
+    /// As for [`gather_4`].
+    #[target_feature(enable = "avx2")]
+    unsafe fn gather_16(
+        keys: &[u32],
+        values: *const __m128i,
+        len: usize,
+        dst: *mut __m128i,
+    ) -> usize {
+        let last = (len - 1) as u32;
+        let mut widest = 0u32;
+        let blocks = keys.len() / 4;
+        for b in 0..blocks {
+            if b % 4 == 0 {
+                prefetch_keys(keys, b * 4);
+            }
+            let k = keys.as_ptr().add(b * 4);
+            let (k0, k1, k2, k3) = (*k, *k.add(1), *k.add(2), *k.add(3));
+            widest = widest.max(k0.max(k1).max(k2.max(k3)));
+            let v0 = _mm_loadu_si128(values.add(k0.min(last) as usize));
+            let v1 = _mm_loadu_si128(values.add(k1.min(last) as usize));
+            let v2 = _mm_loadu_si128(values.add(k2.min(last) as usize));
+            let v3 = _mm_loadu_si128(values.add(k3.min(last) as usize));
+            let out = dst.add(b * 4);
+            _mm_storeu_si128(out, v0);
+            _mm_storeu_si128(out.add(1), v1);
+            _mm_storeu_si128(out.add(2), v2);
+            _mm_storeu_si128(out.add(3), v3);
+        }
         scalar_tail(keys, blocks * 4, values, last, dst, widest)
     }
 
@@ -1332,6 +1377,15 @@ mod tests {
             };
             let msg = panic_message(|| dictionary_decode(&dict).unwrap());
             assert!(msg.contains("out of range"), "u32::MAX: {msg}");
+        }
+        // And in a block of the 16-byte view gather.
+        let words: ArrayRef = Arc::new(StringArray::from(vec!["a", "bb", "past twelve bytes"]));
+        for bad in [3, -1, i32::MIN] {
+            let mut codes: Vec<i32> = (0..37).map(|i| i % 3).collect();
+            codes[5] = bad;
+            let dict = unchecked(Int32Array::from(codes), Arc::clone(&words));
+            let msg = panic_message(|| dictionary_decode_to_views(&dict).unwrap());
+            assert!(msg.contains("out of range"), "{bad}: {msg}");
         }
         let empty: ArrayRef = Arc::new(UInt64Array::from(Vec::<u64>::new()));
         let none = unchecked(Int32Array::from(Vec::<i32>::new()), Arc::clone(&empty));
