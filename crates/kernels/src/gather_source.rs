@@ -16,7 +16,8 @@
 //! gather then costs one cache miss per row and row group, as in
 //! [`crate::gather_batch`]. View columns keep their data buffers: a view's
 //! buffer index is rebased while packing so that it points into the list of
-//! all batches' buffers. Decimals that fit in i64 and strings of at most
+//! all batches' buffers, where consecutive batches that share theirs (one
+//! row group's batches over its dictionary page) share one entry. Decimals that fit in i64 and strings of at most
 //! 7 bytes are packed in 8 bytes and widened again when gathered (see
 //! `Packing`). Other columns (booleans, dictionaries, offset
 //! strings, nested types) are concatenated once and gathered with `take`.
@@ -292,9 +293,16 @@ impl GatherSource {
             .collect();
         // Per column: for views, where each batch's data buffers start in
         // the list of all of them (what its buffer indices are rebased by).
-        let view_bases: Vec<Option<Vec<u32>>> = (schema.fields().iter().enumerate())
-            .map(|(c, f)| view_bases(c, f.data_type(), batches))
-            .collect::<Result<_, _>>()?;
+        let mut view_bases: Vec<Option<Vec<u32>>> = vec![];
+        let mut view_buffers: Vec<Vec<Buffer>> = vec![];
+        for (c, f) in schema.fields().iter().enumerate() {
+            let (bases, buffers) = match data_buffer_list(c, f.data_type(), batches)? {
+                Some(list) => (Some(list.bases), list.buffers),
+                None => (None, vec![]),
+            };
+            view_bases.push(bases);
+            view_buffers.push(buffers);
+        }
         let groups: Vec<PackedGroup> = match layout {
             // Each retry packs one column more in full: at most one per
             // narrowed column.
@@ -314,25 +322,22 @@ impl GatherSource {
             batch_starts.push(batch_starts.last().copied().unwrap_or(0) + b.num_rows());
         }
         let mut columns = Vec::with_capacity(schema.fields().len());
-        for ((i, field), view_bases) in schema.fields().iter().enumerate().zip(view_bases) {
+        let per_column = view_bases.into_iter().zip(view_buffers);
+        for ((i, field), (view_bases, data_buffers)) in
+            schema.fields().iter().enumerate().zip(per_column)
+        {
             let arrays: Vec<&dyn Array> = batches.iter().map(|b| b.column(i).as_ref()).collect();
-            let data_buffers = || -> Vec<Buffer> {
-                arrays
-                    .iter()
-                    .flat_map(|a| a.to_data().buffers()[1..].to_vec())
-                    .collect()
-            };
             columns.push(match (packed_width(field.data_type()), layout) {
                 (Some(_), SourceLayout::Rows) => ColumnSource::Packed {
                     nulls: concat_nulls(&arrays),
-                    data_buffers: data_buffers(),
+                    data_buffers,
                 },
                 (Some(width), SourceLayout::Columns) => ColumnSource::Batched {
                     width,
                     parts: arrays.iter().map(|a| a.to_data()).collect(),
                     view_bases,
                     nulls: concat_nulls(&arrays),
-                    data_buffers: data_buffers(),
+                    data_buffers,
                 },
                 (None, _) if arrays.is_empty() => {
                     ColumnSource::Concatenated(arrow::array::new_empty_array(field.data_type()))
@@ -686,28 +691,51 @@ fn rebase_view(view: u128, base: u32) -> u128 {
 }
 
 /// For a view column `c`, where each batch's data buffers start in the
-/// list of all of them; `None` for other columns. Refuses more buffers
-/// than u32 buffer indices reach.
-fn view_bases(
+/// list of all of them, and that list; `None` for other columns. A batch
+/// whose buffers are the previous batch's (the batches of one row group
+/// share its dictionary page) adds none: its views share the previous
+/// batch's base, so the list, and what each gathered array carries, holds
+/// every distinct page once instead of once per batch. Refuses more
+/// buffers than u32 buffer indices reach.
+fn data_buffer_list(
     c: usize,
     dt: &DataType,
     batches: &[RecordBatch],
-) -> Result<Option<Vec<u32>>, ArrowError> {
+) -> Result<Option<DataBufferList>, ArrowError> {
     if !matches!(dt, DataType::Utf8View | DataType::BinaryView) {
         return Ok(None);
     }
     let mut bases = Vec::with_capacity(batches.len());
-    let mut next = 0usize;
+    let mut buffers: Vec<Buffer> = vec![];
+    let mut previous: Option<(u32, Vec<Buffer>)> = None;
     for batch in batches {
-        bases.push(next as u32);
-        next += batch.column(c).to_data().buffers().len() - 1;
-        if u32::try_from(next).is_err() {
+        let own = batch.column(c).to_data().buffers()[1..].to_vec();
+        let same = |(_, p): &(u32, Vec<Buffer>)| {
+            p.len() == own.len() && p.iter().zip(&own).all(|(a, b)| a.ptr_eq(b))
+        };
+        if let Some((base, _)) = previous.as_ref().filter(|p| same(p)) {
+            bases.push(*base);
+            continue;
+        }
+        let base = buffers.len() as u32;
+        buffers.extend(own.iter().cloned());
+        if u32::try_from(buffers.len()).is_err() {
             return Err(ArrowError::InvalidArgumentError(format!(
-                "column {c}: {next} view data buffers exceed u32 buffer indices"
+                "column {c}: {} view data buffers exceed u32 buffer indices",
+                buffers.len()
             )));
         }
+        bases.push(base);
+        previous = Some((base, own));
     }
-    Ok(Some(bases))
+    Ok(Some(DataBufferList { bases, buffers }))
+}
+
+/// A view column's data buffers over all batches.
+struct DataBufferList {
+    /// Where each batch's buffers start in `buffers`.
+    bases: Vec<u32>,
+    buffers: Vec<Buffer>,
 }
 
 /// The validity of the arrays one after another; `None` if none has nulls.
@@ -728,7 +756,7 @@ fn concat_nulls(arrays: &[&dyn Array]) -> Option<NullBuffer> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use arrow::array::{Decimal128Array, Int64Array, StringViewArray, UInt32Array};
+    use arrow::array::{AsArray, Decimal128Array, Int64Array, StringViewArray, UInt32Array};
     use arrow::datatypes::{Field, Schema};
 
     /// Decimals of `precision`, not checked against it.
@@ -764,6 +792,34 @@ mod tests {
             assert_eq!(got.column(c).as_ref(), want.as_ref(), "column {c}");
         }
         source
+    }
+
+    /// Batches that share their data buffers (one row group's batches over
+    /// its dictionary page) list them once in what a gather returns, in
+    /// both layouts; a batch with buffers of its own adds them after.
+    #[test]
+    fn view_buffers_shared_by_consecutive_batches_are_listed_once() {
+        let page = StringViewArray::from_iter_values(
+            (0..60).map(|i| format!("a value longer than twelve bytes, {}", i % 5)),
+        );
+        let slices: Vec<RecordBatch> = (0..6)
+            .map(|i| batch(vec![Arc::new(page.slice(i * 10, 10))]))
+            .collect();
+        let other = StringViewArray::from(vec!["another page's value past twelve"]);
+        let mut batches = slices.clone();
+        batches.push(batch(vec![Arc::new(other.clone())]));
+        batches.extend(slices);
+        let source = gathers_like_take(&batches);
+        let order: Vec<u32> = (0..source.num_rows() as u32).rev().collect();
+        for layout in [SourceLayout::Rows, SourceLayout::Columns] {
+            let source = GatherSource::with_layout(batches[0].schema(), &batches, layout).unwrap();
+            let got = source.gather(&order).unwrap();
+            let buffers = got.column(0).as_string_view().data_buffers().to_vec();
+            assert_eq!(buffers.len(), 3, "page, other page, page again");
+            assert!(buffers[0].ptr_eq(&page.data_buffers()[0]));
+            assert!(buffers[1].ptr_eq(&other.data_buffers()[0]));
+            assert!(buffers[2].ptr_eq(&page.data_buffers()[0]));
+        }
     }
 
     #[test]

@@ -224,10 +224,13 @@ pub fn dedup_view_buffers<T: ByteViewType + ?Sized>(
 pub const SHRINK_SLACK_BYTES: usize = 4096;
 
 /// `array` with data buffers holding little more than its views use, for
-/// shipping (IPC sends whole buffers): each referenced buffer listed once
-/// ([`dedup_view_buffers`]), or, when those still hold more than twice the
-/// referenced bytes plus [`SHRINK_SLACK_BYTES`], the strings copied into
-/// one buffer ([`compact_views`]). One pass over the views decides.
+/// shipping (IPC sends whole buffers): as it is when all its buffers
+/// together hold at most [`SHRINK_SLACK_BYTES`] (a gather over dictionary
+/// pages: nothing to gain, and no pass over the views); else each
+/// referenced buffer listed once ([`dedup_view_buffers`]), or, when those
+/// still hold more than twice the referenced bytes plus
+/// [`SHRINK_SLACK_BYTES`], the strings copied into one buffer
+/// ([`compact_views`]). One pass over the views decides.
 ///
 /// ```
 /// # use arrow::array::{Array, StringViewArray};
@@ -242,6 +245,9 @@ pub fn shrink_views<T: ByteViewType + ?Sized>(
     array: &GenericByteViewArray<T>,
 ) -> GenericByteViewArray<T> {
     let buffers = array.data_buffers();
+    if buffers.iter().map(|b| b.len()).sum::<usize>() <= SHRINK_SLACK_BYTES {
+        return array.clone();
+    }
     let (referenced, used) = buffer_use(array.views(), buffers.len(), array.nulls());
     let (kept, renumber) = distinct_buffers(buffers, &referenced);
     let held: usize = kept.iter().map(|b| b.len()).sum();
@@ -408,6 +414,29 @@ mod tests {
             | (u32::from_le_bytes(prefix) as u128) << 32
             | (buffer as u128) << 64
             | (offset as u128) << 96
+    }
+
+    /// Buffers that hold little in all are shipped as they are, without a
+    /// pass over the views; past that, each is listed once.
+    #[test]
+    fn shrink_keeps_small_buffers_as_they_are() {
+        let page = StringViewArray::from(vec!["DELIVER IN PERSON", "TAKE BACK RETURN"]);
+        let listed = |times: usize| {
+            let buffers = vec![page.data_buffers()[0].clone(); times];
+            StringViewArray::try_new(page.views().clone(), buffers, None).unwrap()
+        };
+        let page_bytes = page.data_buffers()[0].len();
+        let few = listed(SHRINK_SLACK_BYTES / page_bytes);
+        let shrunk = shrink_views(&few);
+        assert!(
+            shrunk.views().inner().ptr_eq(few.views().inner()),
+            "views untouched"
+        );
+        assert_eq!(shrunk.data_buffers().len(), few.data_buffers().len());
+        let many = listed(SHRINK_SLACK_BYTES / page_bytes + 1);
+        let shrunk = shrink_views(&many);
+        assert_eq!(shrunk, many);
+        assert_eq!(shrunk.data_buffers().len(), 1, "listed once");
     }
 
     #[test]
