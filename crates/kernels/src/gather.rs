@@ -40,11 +40,11 @@ pub(crate) fn l2_bytes() -> usize {
 }
 
 /// Whether random reads from a source of this many bytes gain from
-/// prefetching: only past half of L2. Inside it the prefetches only add
-/// work: sortbench, dictionary decode of 64Ki entries into views (a 1 MiB
-/// table, 2 MiB L2), 0.56 G rows/s with them, 0.64 without.
-/// Past it they overlap the misses: 8-byte values (512 KiB, 512 KiB L2)
-/// 0.61 -> 0.73-0.83 G/s with them.
+/// prefetching: only past half of L2. Past it they overlap the misses
+/// (sortbench, dictionary decode of 64Ki 8-byte values, 512 KiB, before
+/// the vector path: 0.61 -> 0.73-0.83 G/s with them); inside it they only
+/// add work (64Ki entries into views, a 1 MiB table on a core with 2 MiB
+/// of L2: 0.56 G rows/s with them, 0.64 without).
 pub(crate) fn prefetch_pays(source_bytes: usize) -> bool {
     source_bytes > l2_bytes() / 2
 }

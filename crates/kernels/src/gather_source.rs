@@ -17,9 +17,9 @@
 //! [`crate::gather_batch`]. View columns keep their data buffers: a view's
 //! buffer index is rebased while packing so that it points into the list of
 //! all batches' buffers, where consecutive batches that share theirs (one
-//! row group's batches over its dictionary page) share one entry. Decimals that fit in i64 and strings of at most
-//! 7 bytes are packed in 8 bytes and widened again when gathered (see
-//! `Packing`). Other columns (booleans, dictionaries, offset
+//! row group's batches over its dictionary page) share one entry.
+//! Decimals that fit in i64 and strings of at most 7 bytes are packed in 8
+//! bytes and widened again when gathered (see `Packing`). Other columns (booleans, dictionaries, offset
 //! strings, nested types) are concatenated once and gathered with `take`.
 //!
 //! An order that walks the batches nearly row by row (input already
