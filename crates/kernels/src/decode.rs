@@ -1362,11 +1362,15 @@ mod tests {
         // a large u32 and as a negative i32, for 4- and 8-byte values.
         let four: ArrayRef = Arc::new(Int32Array::from(vec![5, 6, 7]));
         let eight: ArrayRef = Arc::new(UInt64Array::from(vec![5, 6, 7]));
+        // 37 codes over three values, code 5 replaced by `bad`.
+        let with_bad_key = |bad: i32, values: &ArrayRef| {
+            let mut codes: Vec<i32> = (0..37).map(|i| i % 3).collect();
+            codes[5] = bad;
+            unchecked(Int32Array::from(codes), Arc::clone(values))
+        };
         for values in [four, eight] {
             for bad in [3, -1, i32::MIN] {
-                let mut codes: Vec<i32> = (0..37).map(|i| i % 3).collect();
-                codes[5] = bad;
-                let dict = unchecked(Int32Array::from(codes), Arc::clone(&values));
+                let dict = with_bad_key(bad, &values);
                 let msg = panic_message(|| dictionary_decode(&dict).unwrap());
                 assert!(msg.contains("out of range"), "{bad}: {msg}");
             }
@@ -1381,9 +1385,7 @@ mod tests {
         // And in a block of the 16-byte view gather.
         let words: ArrayRef = Arc::new(StringArray::from(vec!["a", "bb", "past twelve bytes"]));
         for bad in [3, -1, i32::MIN] {
-            let mut codes: Vec<i32> = (0..37).map(|i| i % 3).collect();
-            codes[5] = bad;
-            let dict = unchecked(Int32Array::from(codes), Arc::clone(&words));
+            let dict = with_bad_key(bad, &words);
             let msg = panic_message(|| dictionary_decode_to_views(&dict).unwrap());
             assert!(msg.contains("out of range"), "{bad}: {msg}");
         }

@@ -707,14 +707,14 @@ fn data_buffer_list(
     }
     let mut bases = Vec::with_capacity(batches.len());
     let mut buffers: Vec<Buffer> = vec![];
-    let mut previous: Option<(u32, Vec<Buffer>)> = None;
+    // Where the previous batch's buffers lie in `buffers`.
+    let mut previous = 0..0;
     for batch in batches {
-        let own = batch.column(c).to_data().buffers()[1..].to_vec();
-        let same = |(_, p): &(u32, Vec<Buffer>)| {
-            p.len() == own.len() && p.iter().zip(&own).all(|(a, b)| a.ptr_eq(b))
-        };
-        if let Some((base, _)) = previous.as_ref().filter(|p| same(p)) {
-            bases.push(*base);
+        let data = batch.column(c).to_data();
+        let own = &data.buffers()[1..];
+        let listed = &buffers[previous.clone()];
+        if listed.len() == own.len() && listed.iter().zip(own).all(|(a, b)| a.ptr_eq(b)) {
+            bases.push(previous.start as u32);
             continue;
         }
         let base = buffers.len() as u32;
@@ -726,7 +726,7 @@ fn data_buffer_list(
             )));
         }
         bases.push(base);
-        previous = Some((base, own));
+        previous = base as usize..buffers.len();
     }
     Ok(Some(DataBufferList { bases, buffers }))
 }
