@@ -259,6 +259,47 @@ fn views(c: &mut Criterion) {
     });
     g.finish();
 }
+/// Arrays shaped like a sorted lineitem batch's string columns, as the
+/// host receives them: compacted comments, and dictionary-page strings.
+fn validation(c: &mut Criterion) {
+    let mut g = c.benchmark_group("validate_utf8_views");
+    g.throughput(Throughput::Elements(ROWS as u64));
+    let comments: Vec<StringViewArray> = random_u64(ROWS, 17)
+        .chunks(8192)
+        .map(|c| {
+            let strings = c.iter().map(|v| {
+                let s = format!("{v:016x} carefully final deposits sleep");
+                s[..10 + (*v % 34) as usize].to_string()
+            });
+            compact_views(&StringViewArray::from_iter_values(strings))
+        })
+        .collect();
+    g.bench_function("comments 10-43 bytes, compacted", |b| {
+        b.iter(|| {
+            for a in &comments {
+                validate_utf8_views(a.views(), a.data_buffers()).unwrap();
+            }
+        })
+    });
+    let page = StringViewArray::from(vec![
+        "DELIVER IN PERSON",
+        "TAKE BACK RETURN",
+        "NONE",
+        "COLLECT COD",
+    ]);
+    let instructions: Vec<u128> = random_u64(ROWS, 18)
+        .iter()
+        .map(|r| page.views()[(r % 4) as usize])
+        .collect();
+    g.bench_function("dictionary page, half inline", |b| {
+        b.iter(|| {
+            for v in instructions.chunks(8192) {
+                validate_utf8_views(v, page.data_buffers()).unwrap();
+            }
+        })
+    });
+    g.finish();
+}
 
 criterion_group!(
     benches,
@@ -266,6 +307,7 @@ criterion_group!(
     dictionaries,
     multi_column,
     gathers,
-    views
+    views,
+    validation
 );
 criterion_main!(benches);

@@ -47,25 +47,109 @@ pub fn validate_utf8_views(
     views: &[u128],
     buffers: &[arrow::buffer::Buffer],
 ) -> Result<(), ArrowError> {
-    let whole_utf8: Vec<bool> = buffers
-        .iter()
-        .map(|b| std::str::from_utf8(b).is_ok())
-        .collect();
-    for (idx, &view) in views.iter().enumerate() {
-        let len = view as u32;
-        let checked = if len <= INLINE_BYTES_MAX {
-            check_inline(view, len)
-        } else {
-            check_out_of_line(view, len, buffers, &whole_utf8)
-        };
-        if let Err(what) = checked {
-            return Err(ArrowError::InvalidArgumentError(format!(
-                "string view at index {idx}: {what}"
-            )));
+    let ascii = AsciiBuffers::of(buffers);
+    let mut whole_utf8: Option<Vec<bool>> = None;
+    for (chunk_at, chunk) in views.chunks(VALIDATE_CHUNK_VIEWS).enumerate() {
+        if chunk.iter().fold(true, |ok, &v| ok & ascii.proves_valid(v)) {
+            continue;
+        }
+        // Something in the chunk is not plain ASCII (or is wrong): check
+        // each view exactly, and name the first bad one.
+        let whole_utf8 = whole_utf8.get_or_insert_with(|| {
+            (buffers.iter())
+                .map(|b| std::str::from_utf8(b).is_ok())
+                .collect()
+        });
+        for (i, &view) in chunk.iter().enumerate() {
+            let len = view as u32;
+            let checked = if len <= INLINE_BYTES_MAX {
+                check_inline(view, len)
+            } else {
+                check_out_of_line(view, len, buffers, whole_utf8)
+            };
+            if let Err(what) = checked {
+                let idx = chunk_at * VALIDATE_CHUNK_VIEWS + i;
+                return Err(ArrowError::InvalidArgumentError(format!(
+                    "string view at index {idx}: {what}"
+                )));
+            }
         }
     }
     Ok(())
 }
+
+/// Views checked at a time on the fast path: a chunk that fails is
+/// checked again view by view.
+const VALIDATE_CHUNK_VIEWS: usize = 64;
+
+/// The data buffers of a view array, as [`AsciiBuffers::proves_valid`]
+/// reads them.
+struct AsciiBuffers<'a> {
+    /// Each buffer, then one that indices past the last map to.
+    buffers: Vec<AsciiBuffer<'a>>,
+}
+
+struct AsciiBuffer<'a> {
+    /// The buffer's bytes, or [`NO_BYTES`] when it holds fewer than 4: no
+    /// view's prefix can be read past the end of either.
+    bytes: &'a [u8],
+    /// The buffer's length if it is all ASCII, else 0: the bytes a view
+    /// may cover and still be proved valid.
+    ascii_len: usize,
+}
+
+/// What stands in for buffers too short to hold an out-of-line string.
+const NO_BYTES: &[u8] = &[0; 4];
+
+impl<'a> AsciiBuffers<'a> {
+    fn of(buffers: &'a [arrow::buffer::Buffer]) -> Self {
+        let entry = |bytes: &'a [u8]| match bytes.len() >= 4 && bytes.is_ascii() {
+            true => AsciiBuffer {
+                bytes,
+                ascii_len: bytes.len(),
+            },
+            false => AsciiBuffer {
+                bytes: if bytes.len() >= 4 { bytes } else { NO_BYTES },
+                ascii_len: 0,
+            },
+        };
+        let mut buffers: Vec<AsciiBuffer> = buffers.iter().map(|b| entry(b)).collect();
+        buffers.push(entry(&[]));
+        Self { buffers }
+    }
+
+    /// Whether `view` is a valid ASCII string view: inline, with ASCII
+    /// bytes and zeroed padding; or out-of-line, inside an all-ASCII
+    /// buffer, with its prefix matching. Any slice of ASCII is UTF-8
+    /// starting and ending on char boundaries. `false` proves nothing:
+    /// the view may still be valid, and is checked exactly.
+    ///
+    /// No branch depends on the view: sorted lineitem's dictionary
+    /// strings mix inline and out-of-line views at random, and a branch
+    /// per view mispredicted on half of them (1Mi such views: 10.6 ms
+    /// checked one by one, 4.4 ms this way; `cargo bench --
+    /// validate_utf8_views` in bench/kernels).
+    #[inline(always)]
+    fn proves_valid(&self, view: u128) -> bool {
+        let len = view as u32;
+        let data = view >> 32;
+        let inline_ok = (len <= INLINE_BYTES_MAX)
+            & (data >> (len.min(INLINE_BYTES_MAX) * 8) == 0)
+            & (data & INLINE_HIGH_BITS == 0);
+        let index = ((view >> 64) as u32 as usize).min(self.buffers.len() - 1);
+        let buffer = &self.buffers[index];
+        let start = (view >> 96) as u32 as usize;
+        let in_range = (len > INLINE_BYTES_MAX) & (start + len as usize <= buffer.ascii_len);
+        // Views out of range (inline ones too) read their buffer's first
+        // bytes instead, so that no branch depends on the view.
+        let at = std::hint::select_unpredictable(in_range, start, 0);
+        let prefix = u32::from_le_bytes(buffer.bytes[at..at + 4].try_into().unwrap());
+        inline_ok | (in_range & (prefix == data as u32))
+    }
+}
+
+/// The high bit of each of an inline view's 12 data bytes.
+const INLINE_HIGH_BITS: u128 = 0x8080_8080_8080_8080_8080_8080;
 
 /// What `ArrayData::validate_full` checks (structure, null counts,
 /// values, recursively through children), with string views checked by
@@ -458,6 +542,27 @@ mod tests {
             err.to_string().contains("index 1: string is not UTF-8"),
             "{err}"
         );
+    }
+
+    /// A bad view past the first chunk of ASCII views is named by its
+    /// own index, whichever check finds it.
+    #[test]
+    fn names_the_first_bad_view_of_a_later_chunk() {
+        let buffer = Buffer::from("0123456789abcdefgh".as_bytes());
+        let good = [view(13, *b"0123", 0, 0), view(3, *b"abc\0", 0, 0)];
+        let bad = [
+            (view(13, *b"x123", 0, 0), "prefix does not match"),
+            (view(13, *b"0123", 0, 6), "runs past its buffer"),
+            (view(2, *b"ab\0x", 0, 0), "non-zero padding"),
+        ];
+        for (wrong, what) in bad {
+            let mut views: Vec<u128> = (0..200).map(|i| good[i % 2]).collect();
+            views[130] = wrong;
+            views[150] = wrong;
+            let err = validate_utf8_views(&views, std::slice::from_ref(&buffer)).unwrap_err();
+            let err = err.to_string();
+            assert!(err.contains("index 130: ") && err.contains(what), "{err}");
+        }
     }
 
     #[test]
