@@ -62,7 +62,13 @@ use store::CountingStore;
 pub const RESULT_CHUNKS_IN_FLIGHT: usize = 8;
 
 /// Most rows per batch a device's operators produce (`batch_rows_max`).
-pub const BATCH_ROWS_MAX: usize = 8192;
+/// Also the Parquet reader's batch: its cost per batch (page and view
+/// bookkeeping, one IPC chunk each) made a `SELECT *` of lineitem SF1 on
+/// two devices take 0.586 and 0.611 s at 8192 rows against 0.539 and
+/// 0.550 s at 32768, and ORDER BY l_shipmode 1.108-1.140 s against
+/// 1.025-1.054 s; 65536 rows were no faster than 32768 (`insitu bench
+/// sql ... --runs 5 --threads 1`, medians).
+pub const BATCH_ROWS_MAX: usize = 32768;
 
 /// Share of a device's `mem_bytes_max` its queries may not reserve, kept
 /// for the kernels' scratch pool, which keeps pre-faulted buffers between
@@ -85,7 +91,7 @@ pub fn query_bytes_max(mem_bytes_max: usize) -> usize {
 }
 
 /// Rows per batch for a memory budget: [`BATCH_ROWS_MAX`], or fewer under
-/// 128 MiB (one row per 16 KiB of budget, at least 256), so that a sort
+/// 512 MiB (one row per 16 KiB of budget, at least 256), so that a sort
 /// that spills holds dozens of batches.
 pub fn batch_rows_for(mem_bytes_max: usize) -> usize {
     (mem_bytes_max >> 14).clamp(256, BATCH_ROWS_MAX)

@@ -9,7 +9,8 @@
 //! ends of each view proves the same thing: a slice of valid UTF-8 that
 //! starts and ends on char boundaries is valid UTF-8. Buffers that fail the
 //! whole-buffer pass (garbage between strings is legal) fall back to the
-//! per-view check.
+//! per-view check. Before all that, ASCII (most data) is proved valid 64
+//! views at a time with no branch per view: any slice of ASCII is UTF-8.
 //!
 //! Compaction: a gathered view array points into every source batch's
 //! buffers; [`compact_views`] copies just the bytes its views reference
