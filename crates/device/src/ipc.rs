@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 
-use arrow::array::{Array, ArrayRef, AsArray};
+use arrow::array::{Array, ArrayData, ArrayRef, AsArray};
 use arrow::buffer::Buffer;
 use arrow::datatypes::{DataType, SchemaRef};
 use arrow::error::ArrowError;
@@ -27,13 +27,58 @@ impl IpcChunker {
         })
     }
 
-    pub fn batch(&mut self, batch: &RecordBatch) -> Result<Bytes, ArrowError> {
+    /// The chunks of `batch`: one, or as many as keep each within
+    /// [`RESULT_CHUNK_BYTES_MAX`] (halving the rows until they fit, down
+    /// to one row).
+    pub fn batch(&mut self, batch: &RecordBatch) -> Result<Vec<Bytes>, ArrowError> {
+        let mut chunks = vec![];
+        self.push_chunks(batch, &mut chunks)?;
+        Ok(chunks)
+    }
+
+    fn push_chunks(&mut self, batch: &RecordBatch, out: &mut Vec<Bytes>) -> Result<(), ArrowError> {
         let batch = shrink_view_columns(batch)?;
-        Ok(contiguous(self.encoder.encode(&batch)?))
+        let rows = batch.num_rows();
+        if rows > 1 && shipped_bytes(&batch) > RESULT_CHUNK_BYTES_MAX {
+            self.push_chunks(&batch.slice(0, rows / 2), out)?;
+            return self.push_chunks(&batch.slice(rows / 2, rows - rows / 2), out);
+        }
+        out.push(contiguous(self.encoder.encode(&batch)?));
+        Ok(())
     }
 
     pub fn finish(self) -> Result<Bytes, ArrowError> {
         Ok(contiguous(self.encoder.finish()?))
+    }
+}
+
+/// Most bytes of batch data one result chunk carries
+/// (`result_chunk_bytes_max`): a quarter of the largest gRPC message
+/// (`grpc_message_bytes_max`, 64 MiB), so that a batch of wide rows still
+/// crosses a network link.
+pub const RESULT_CHUNK_BYTES_MAX: usize = 16 << 20;
+
+/// The bytes IPC ships for `batch`'s rows: for view columns their views
+/// and every data buffer (IPC ships those whole), for the rest the
+/// bytes of their rows ([`ArrayData::get_slice_memory_size`]), so that
+/// a slice counts less than its batch.
+fn shipped_bytes(batch: &RecordBatch) -> usize {
+    batch
+        .columns()
+        .iter()
+        .map(|c| array_bytes(&c.to_data()))
+        .sum()
+}
+
+fn array_bytes(data: &ArrayData) -> usize {
+    match data.data_type() {
+        DataType::Utf8View | DataType::BinaryView => {
+            let buffers: usize = data.buffers()[1..].iter().map(|b| b.len()).sum();
+            data.len() * 16 + data.len().div_ceil(8) + buffers
+        }
+        _ => data
+            .get_slice_memory_size()
+            .unwrap_or_else(|_| data.get_buffer_memory_size()),
     }
 }
 
@@ -110,6 +155,45 @@ mod tests {
     use arrow::array::StringViewArray;
     use arrow::datatypes::{Field, Schema};
 
+    fn one_chunk(chunks: Vec<Bytes>) -> Bytes {
+        assert_eq!(chunks.len(), 1, "one chunk");
+        chunks.into_iter().next().unwrap()
+    }
+
+    /// A batch of wide rows goes out in chunks within the limit, which
+    /// read back as the batch's rows; a batch within it stays whole.
+    #[test]
+    fn wide_batches_ship_in_chunks_within_the_limit() {
+        let row = "x".repeat(1 << 20);
+        let rows = 40;
+        let array = StringViewArray::from_iter_values(std::iter::repeat_n(row.as_str(), rows));
+        let schema = Arc::new(Schema::new(vec![Field::new(
+            "c",
+            DataType::Utf8View,
+            false,
+        )]));
+        let batch = RecordBatch::try_new(schema.clone(), vec![Arc::new(array)]).unwrap();
+        let mut chunker = IpcChunker::start(&schema).unwrap();
+        let chunks = chunker.batch(&batch).unwrap();
+        assert!(chunks.len() >= 3, "{} chunks", chunks.len());
+        let mut stream = vec![];
+        for chunk in &chunks {
+            assert!(
+                chunk.len() <= RESULT_CHUNK_BYTES_MAX + 4096,
+                "{}",
+                chunk.len()
+            );
+            stream.extend_from_slice(chunk);
+        }
+        let small = batch.slice(3, 10);
+        stream.extend_from_slice(&one_chunk(chunker.batch(&small).unwrap()));
+        stream.extend_from_slice(&chunker.finish().unwrap());
+        let read = ipc_to_batch(&stream).unwrap();
+        assert_eq!(read.num_rows(), rows + 10);
+        assert_eq!(read.slice(0, rows), batch);
+        assert_eq!(read.slice(rows, 10), small);
+    }
+
     #[test]
     fn slices_of_view_columns_ship_only_their_bytes() {
         let values: Vec<String> = (0..8192)
@@ -124,7 +208,7 @@ mod tests {
         let batch = RecordBatch::try_new(schema.clone(), vec![Arc::new(array)]).unwrap();
         let slice = batch.slice(10, 5);
         let mut chunker = IpcChunker::start(&schema).unwrap();
-        let bytes = chunker.batch(&slice).unwrap();
+        let bytes = one_chunk(chunker.batch(&slice).unwrap());
         assert!(bytes.len() < 2_000, "{} bytes for 5 rows", bytes.len());
         let compacted = shrink_view_columns(&slice).unwrap();
         assert_eq!(
@@ -168,7 +252,7 @@ mod tests {
         let shipped = shrunk.column(0).as_string_view().data_buffers().to_vec();
         assert_eq!(shipped.len(), 1, "one buffer");
         assert!(shipped[0].ptr_eq(&page.data_buffers()[0]), "not copied");
-        let bytes = IpcChunker::start(&schema).unwrap().batch(&batch).unwrap();
+        let bytes = one_chunk(IpcChunker::start(&schema).unwrap().batch(&batch).unwrap());
         assert!(bytes.len() < 8192 * 16 + 1024, "{} bytes", bytes.len());
     }
 
@@ -224,8 +308,11 @@ mod tests {
         for count in [0, 1, slices.len()] {
             let mut chunker = IpcChunker::start(&batch.schema()).unwrap();
             let mut stream = vec![];
-            for slice in &slices[..count] {
-                stream.extend_from_slice(&chunker.batch(slice).unwrap());
+            for chunk in slices[..count]
+                .iter()
+                .flat_map(|s| chunker.batch(s).unwrap())
+            {
+                stream.extend_from_slice(&chunk);
             }
             stream.extend_from_slice(&chunker.finish().unwrap());
             let reader = arrow::ipc::reader::StreamReader::try_new(&stream[..], None).unwrap();

@@ -51,7 +51,7 @@ use tokio::sync::mpsc;
 pub use error::{DeviceError, DeviceErrorKind, DeviceResult};
 pub use hybrid_sort::HybridSortExec;
 pub use insitu_wire::StageStats;
-pub use ipc::{batch_to_ipc, ipc_to_batch, IpcChunker};
+pub use ipc::{batch_to_ipc, ipc_to_batch, IpcChunker, RESULT_CHUNK_BYTES_MAX};
 pub use sort::{use_kernel_sorts, KernelSortExec, SortConfig};
 
 use binder::{DeviceBinder, VerifiedSet};
@@ -491,13 +491,14 @@ impl Device {
                 continue;
             }
             rows_out += batch.num_rows() as u64;
-            let chunk = chunker.batch(&batch).map_err(ipc_err)?;
-            chunks += 1;
-            largest = largest.max(chunk.len());
-            in_flight
-                .try_resize(largest * chunks.min(RESULT_CHUNKS_IN_FLIGHT))
-                .map_err(df_err)?;
-            send(DeviceMessage::Ipc(chunk)).await?;
+            for chunk in chunker.batch(&batch).map_err(ipc_err)? {
+                chunks += 1;
+                largest = largest.max(chunk.len());
+                in_flight
+                    .try_resize(largest * chunks.min(RESULT_CHUNKS_IN_FLIGHT))
+                    .map_err(df_err)?;
+                send(DeviceMessage::Ipc(chunk)).await?;
+            }
         }
         drop(in_flight);
         send(DeviceMessage::Ipc(chunker.finish().map_err(ipc_err)?)).await?;

@@ -66,7 +66,7 @@ mod tests {
             let mut chunker = IpcChunker::start(&schema).unwrap();
             let mut chunks = vec![];
             for b in &input {
-                chunks.push(chunker.batch(b).unwrap());
+                chunks.extend(chunker.batch(b).unwrap());
             }
             chunks.push(chunker.finish().unwrap());
             let messages: Vec<FlightData> = chunks
@@ -96,7 +96,9 @@ mod tests {
     fn truncated_chunks_are_errors_not_panics() {
         let schema = batch(0).schema();
         let mut chunker = IpcChunker::start(&schema).unwrap();
-        let chunk = chunker.batch(&batch(50)).unwrap();
+        let [chunk] = &chunker.batch(&batch(50)).unwrap()[..] else {
+            panic!("one chunk for 50 rows")
+        };
         for cut in [1, 4, 7, 9, chunk.len() / 2, chunk.len() - 1] {
             let err = ipc_chunk_to_flight(&chunk.slice(..cut)).unwrap_err();
             assert!(
