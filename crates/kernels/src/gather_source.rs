@@ -19,8 +19,9 @@
 //! all batches' buffers, where consecutive batches that share theirs (one
 //! row group's batches over its dictionary page) share one entry.
 //! Decimals that fit in i64 and strings of at most 7 bytes are packed in 8
-//! bytes and widened again when gathered (see `Packing`). Other columns (booleans, dictionaries, offset
-//! strings, nested types) are concatenated once and gathered with `take`.
+//! bytes and widened again when gathered (see `Packing`). Other columns
+//! (booleans, dictionaries, offset strings, nested types) are concatenated
+//! once and gathered with `take`.
 //!
 //! An order that walks the batches nearly row by row (input already
 //! nearly sorted, such as a table clustered on the key) reads every column

@@ -104,15 +104,16 @@ const NO_BYTES: &[u8] = &[0; 4];
 
 impl<'a> AsciiBuffers<'a> {
     fn of(buffers: &'a [arrow::buffer::Buffer]) -> Self {
-        let entry = |bytes: &'a [u8]| match bytes.len() >= 4 && bytes.is_ascii() {
-            true => AsciiBuffer {
-                bytes,
-                ascii_len: bytes.len(),
-            },
-            false => AsciiBuffer {
-                bytes: if bytes.len() >= 4 { bytes } else { NO_BYTES },
-                ascii_len: 0,
-            },
+        let entry = |bytes: &'a [u8]| {
+            let long = bytes.len() >= 4;
+            AsciiBuffer {
+                bytes: if long { bytes } else { NO_BYTES },
+                ascii_len: if long && bytes.is_ascii() {
+                    bytes.len()
+                } else {
+                    0
+                },
+            }
         };
         let mut buffers: Vec<AsciiBuffer> = buffers.iter().map(|b| entry(b)).collect();
         buffers.push(entry(&[]));
