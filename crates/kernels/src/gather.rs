@@ -253,7 +253,7 @@ const ROW_WISE_BYTES_MIN: usize = 1 << 20;
 pub const ROW_GROUP_BYTES_MAX: usize = 64;
 /// Rows are packed, gathered and unpacked in blocks of about this many
 /// bytes, so a block stays in L1 between the passes over its columns.
-const ROW_BLOCK_BYTES: usize = 32 << 10;
+pub(crate) const ROW_BLOCK_BYTES: usize = 32 << 10;
 
 /// [`gather_batch`] with the choice of path made by the caller: `by_rows`
 /// packs fixed-width columns into rows first (the tests force both paths).
@@ -376,7 +376,7 @@ fn gather_row_group(
 }
 
 /// Where each member of a row starts: the running sum of the widths.
-fn member_offsets(widths: &[usize]) -> Vec<usize> {
+pub(crate) fn member_offsets(widths: &[usize]) -> Vec<usize> {
     (widths.iter())
         .scan(0, |at, w| Some(std::mem::replace(at, *at + w)))
         .collect()

@@ -40,7 +40,7 @@ use arrow::error::ArrowError;
 
 use crate::gather::{
     as_bytes_mut, check_indices, fixed_part_bytes, gather_in_range, gather_nulls,
-    gather_packed_with, pack_column, row_groups, unpack_column,
+    gather_packed_with, member_offsets, pack_column, row_groups, unpack_column, ROW_BLOCK_BYTES,
 };
 use crate::mem::{pooled_buffer, recycle, take_vec_filled};
 
@@ -582,7 +582,13 @@ fn pack_groups(
 }
 
 /// Packs the `members` columns of every batch into rows, batch after
-/// batch; also returns the narrowed members a value did not fit.
+/// batch and block after block within a batch; also returns the narrowed
+/// members a value did not fit.
+///
+/// A block of rows ([`ROW_BLOCK_BYTES`]) stays in L1 while each member
+/// writes its part of it. Writing one member into a whole 32768-row batch
+/// at a time (2 MiB of 64-byte rows, more than L2) pulled every row's
+/// line back from memory once per member.
 fn pack_group(
     batches: &[RecordBatch],
     members: Vec<(usize, usize)>,
@@ -591,37 +597,47 @@ fn pack_group(
     rows: usize,
 ) -> (PackedGroup, Vec<usize>) {
     let row_width: usize = members.iter().map(|&(_, w)| w).sum();
+    let offsets = member_offsets(&members.iter().map(|&(_, w)| w).collect::<Vec<_>>());
+    let block_rows = (ROW_BLOCK_BYTES / row_width).max(1);
     let mut packed: Vec<u8> = take_vec_filled(rows * row_width);
-    let mut misfits = vec![];
+    let mut misfit = vec![false; members.len()];
     let mut at = 0;
     for (b, batch) in batches.iter().enumerate() {
         let n = batch.num_rows();
+        let data: Vec<ArrayData> = members
+            .iter()
+            .map(|&(c, _)| batch.column(c).to_data())
+            .collect();
         let dst = &mut packed[at * row_width..(at + n) * row_width];
-        let mut offset = 0;
-        for &(c, w) in &members {
-            let data = batch.column(c).to_data();
-            let base = view_bases[c].as_ref().map_or(0, |bases| bases[b]);
-            match packings[c] {
-                Packing::Full if base == 0 => {
-                    pack_column(fixed_part_bytes(&data, w), dst, row_width, offset, w)
-                }
-                Packing::Full => {
-                    pack_views(fixed_part_bytes(&data, w), dst, row_width, offset, base)
-                }
-                // Short views are inline: no buffer index to rebase.
-                packing => {
-                    let values = fixed_part_bytes(&data, 16);
-                    if !pack_narrowed(packing, values, dst, row_width, offset)
-                        && !misfits.contains(&c)
-                    {
-                        misfits.push(c);
+        for (block, dst) in dst.chunks_mut(block_rows * row_width).enumerate() {
+            let rows_in = block * block_rows..block * block_rows + dst.len() / row_width;
+            for (m, &(c, w)) in members.iter().enumerate() {
+                let base = view_bases[c].as_ref().map_or(0, |bases| bases[b]);
+                let offset = offsets[m];
+                match packings[c] {
+                    Packing::Full => {
+                        let values =
+                            &fixed_part_bytes(&data[m], w)[rows_in.start * w..rows_in.end * w];
+                        match base {
+                            0 => pack_column(values, dst, row_width, offset, w),
+                            _ => pack_views(values, dst, row_width, offset, base),
+                        }
+                    }
+                    // Short views are inline: no buffer index to rebase.
+                    packing => {
+                        let values =
+                            &fixed_part_bytes(&data[m], 16)[rows_in.start * 16..rows_in.end * 16];
+                        misfit[m] |= !pack_narrowed(packing, values, dst, row_width, offset);
                     }
                 }
             }
-            offset += w;
         }
         at += n;
     }
+    let misfits = (members.iter().zip(&misfit))
+        .filter(|(_, &m)| m)
+        .map(|(&(c, _), _)| c)
+        .collect();
     let group = PackedGroup {
         rows: packed,
         members,
@@ -870,6 +886,32 @@ mod tests {
                 assert_eq!(source.packings, [Packing::Full], "{longer}");
             }
         }
+    }
+
+    #[test]
+    fn a_misfit_in_a_later_block_of_a_long_batch_packs_in_full() {
+        // Rows are packed a block of a few hundred at a time: the misfit
+        // lies blocks past the first, in a batch after a fitting one.
+        let n = 4000;
+        let fitting = |k: i128| decimals(18, (0..n).map(|i| Some(i * 3 + k)).collect());
+        let mut values: Vec<Option<i128>> = (0..n).map(|i| Some(-i)).collect();
+        values[3001] = Some(i64::MAX as i128 + 1);
+        let words = |long: bool| -> ArrayRef {
+            let mut v: Vec<String> = (0..n).map(|i| format!("w{}", i % 9)).collect();
+            if long {
+                v[2999] = "past seven".to_string();
+            }
+            Arc::new(StringViewArray::from_iter_values(v))
+        };
+        let first = batch(vec![fitting(0), words(false)]);
+        let second = batch(vec![decimals(18, values), words(true)]);
+        let source = gathers_like_take(&[first.clone(), second]);
+        assert_eq!(source.packings, [Packing::Full, Packing::Full]);
+        let source = gathers_like_take(&[first.clone(), first]);
+        assert_eq!(
+            source.packings,
+            [Packing::DecimalAsI64, Packing::ShortViewAs8]
+        );
     }
 
     #[test]

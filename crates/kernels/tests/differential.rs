@@ -589,12 +589,14 @@ fn gather_matches_take() {
     }
 }
 
-/// Cuts `batch` into pieces of random sizes, empty ones included.
+/// Cuts `batch` into pieces of random sizes, empty ones included, and
+/// some longer than the blocks rows are packed in.
 fn random_pieces(rng: &mut StdRng, batch: &RecordBatch) -> Vec<RecordBatch> {
     let mut pieces = vec![];
     let mut at = 0;
     while at < batch.num_rows() || pieces.len() < 2 {
-        let len = rng.random_range(0..=(batch.num_rows() - at).min(300));
+        let longest = if rng.random_bool(0.3) { 5000 } else { 300 };
+        let len = rng.random_range(0..=(batch.num_rows() - at).min(longest));
         pieces.push(batch.slice(at, len));
         at += len;
     }
