@@ -4,8 +4,8 @@
 use std::sync::Arc;
 
 use arrow::array::{
-    ArrayRef, AsArray, DictionaryArray, Float64Array, Int32Array, RecordBatch, StringArray,
-    StringViewArray, UInt32Array, UInt64Array,
+    ArrayRef, AsArray, Date32Array, Decimal128Array, DictionaryArray, Float64Array, Int32Array,
+    Int64Array, RecordBatch, StringArray, StringViewArray, UInt32Array, UInt64Array,
 };
 use arrow::compute::{SortColumn, SortOptions};
 use arrow::datatypes::{Field, Schema};
@@ -301,6 +301,86 @@ fn validation(c: &mut Criterion) {
     g.finish();
 }
 
+/// A merge's copy of short runs: two sorted inputs of 32768 rows with
+/// lineitem's column types, interleaved 8192 rows at a time at random
+/// (runs of about two rows, as ORDER BY a key with many values gives).
+fn interleaves(c: &mut Criterion) {
+    let rows = 32768;
+    let input = |seed: u64| -> RecordBatch {
+        let r = random_u64(rows, seed);
+        let ints = |k: u64| -> ArrayRef {
+            Arc::new(Int64Array::from_iter_values(
+                r.iter().map(|v| (v >> k) as i64),
+            ))
+        };
+        let decimals = |k: u64| -> ArrayRef {
+            let values = r.iter().map(|v| ((v >> k) % 10_000_000) as i128);
+            Arc::new(
+                Decimal128Array::from_iter_values(values)
+                    .with_precision_and_scale(15, 2)
+                    .unwrap(),
+            )
+        };
+        let dates = |k: u64| -> ArrayRef {
+            Arc::new(Date32Array::from_iter_values(
+                r.iter().map(|v| ((v >> k) % 2500) as i32),
+            ))
+        };
+        let words = |list: &[&str], k: u64| -> ArrayRef {
+            let values = r
+                .iter()
+                .map(|v| list[((v >> k) % list.len() as u64) as usize]);
+            Arc::new(StringViewArray::from_iter_values(values))
+        };
+        let instructions = [
+            "NONE",
+            "COLLECT COD",
+            "DELIVER IN PERSON",
+            "TAKE BACK RETURN",
+        ];
+        let comment: Vec<String> = (r.iter())
+            .map(|v| format!("comment {v} past twelve bytes"))
+            .collect();
+        let mut columns = vec![ints(1), ints(2), ints(3)];
+        columns.push(Arc::new(Int32Array::from_iter_values(
+            r.iter().map(|v| (v % 7) as i32),
+        )));
+        columns.extend((4..8).map(decimals));
+        columns.push(words(&["A", "N", "R"], 9));
+        columns.push(words(&["F", "O"], 10));
+        columns.extend((11..14).map(dates));
+        columns.push(words(&instructions, 14));
+        columns.push(words(
+            &["AIR", "RAIL", "SHIP", "TRUCK", "MAIL", "FOB", "REG AIR"],
+            15,
+        ));
+        columns.push(Arc::new(StringViewArray::from_iter_values(comment)));
+        let fields: Vec<Field> = (columns.iter().enumerate())
+            .map(|(i, a)| Field::new(format!("c{i}"), a.data_type().clone(), false))
+            .collect();
+        RecordBatch::try_new(Arc::new(Schema::new(fields)), columns).unwrap()
+    };
+    let (a, b) = (input(21), input(22));
+    let picks = random_u64(8192, 23);
+    let mut next = [0usize; 2];
+    let indices: Vec<(usize, usize)> = (picks.iter())
+        .map(|p| {
+            let from = (p & 1) as usize;
+            next[from] += 1;
+            (from, next[from] - 1)
+        })
+        .collect();
+    let mut g = c.benchmark_group("interleave");
+    g.throughput(Throughput::Elements(indices.len() as u64));
+    g.bench_function("arrow interleave_record_batch", |bench| {
+        bench.iter(|| arrow::compute::interleave_record_batch(&[&a, &b], &indices).unwrap())
+    });
+    g.bench_function("interleave_batches", |bench| {
+        bench.iter(|| interleave_batches(&[&a, &b], &indices).unwrap())
+    });
+    g.finish();
+}
+
 criterion_group!(
     benches,
     argsorts,
@@ -308,6 +388,7 @@ criterion_group!(
     multi_column,
     gathers,
     views,
-    validation
+    validation,
+    interleaves
 );
 criterion_main!(benches);

@@ -21,7 +21,8 @@
 //! This merge finds each run with an exponential search over the run's
 //! stream, compares keys in Arrow's row format, and emits a run of at least
 //! [`SLICE_ROWS_MIN`] rows as a zero-copy slice of the device's batch;
-//! shorter runs are interleaved into batches of `batch_size` rows.
+//! shorter runs are interleaved into batches of `batch_size` rows (by the
+//! kernels' `interleave_batches`).
 //!
 //! Ties between streams go to the lower partition first, so the merge is
 //! stable across devices. Memory held: one batch per input, plus the input
@@ -32,7 +33,6 @@ use std::fmt;
 use std::sync::Arc;
 
 use arrow::array::RecordBatch;
-use arrow::compute::interleave_record_batch;
 use arrow::datatypes::SchemaRef;
 use arrow::row::{Row, RowConverter, Rows, SortField};
 use datafusion::common::tree_node::TreeNodeRecursion;
@@ -449,7 +449,7 @@ impl RunMerge {
             return Ok(());
         }
         let batches: Vec<&RecordBatch> = self.pending.batches.iter().collect();
-        let batch = interleave_record_batch(&batches, &self.pending.rows)?;
+        let batch = insitu_kernels::interleave_batches(&batches, &self.pending.rows)?;
         self.ready.push_back(batch);
         self.pending.rows.clear();
         self.pending.batches.clear();

@@ -15,6 +15,7 @@
 //! | [`dictionary_ranks`], [`sort_dictionary`] | generic sort of dictionary-encoded keys |
 //! | [`gather`], [`gather_batch`], [`gather_rows`], [`gather_rows_into`], [`gather_values`] | shuffle by indices |
 //! | [`GatherSource`] | shuffle of many batches by global indices, a chunk at a time |
+//! | [`interleave_batches`] | rows of several batches by `(batch, row)`, as a merge copies short runs |
 //! | [`dictionary_decode`], [`dictionary_decode_to_views`], [`DictionaryDecoder`] | dictionary codes -> plain values (or views into the dictionary); the decoder reuses per-dictionary tables across batches |
 //! | [`validate_utf8_views`], [`validate_full_fast`] | checks of received string views |
 //! | [`compact_views`] | string / binary views -> one buffer of just their bytes |
@@ -26,6 +27,7 @@ mod decode;
 mod dictionary;
 mod gather;
 mod gather_source;
+mod interleave;
 pub mod mem;
 pub mod radix;
 mod rows;
@@ -42,6 +44,7 @@ pub use gather::{
     ROW_GROUP_BYTES_MAX,
 };
 pub use gather_source::{GatherSource, SourceLayout};
+pub use interleave::interleave_batches;
 pub use radix::SortIndex;
 pub use rows::argsort_columns;
 pub use views::{

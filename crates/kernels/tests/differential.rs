@@ -1366,3 +1366,46 @@ fn dictionary_decode_without_nulls_matches_cast() {
         }
     }
 }
+
+#[test]
+fn interleave_batches_matches_arrow() {
+    let mut rng = StdRng::seed_from_u64(53);
+    for n in SIZES {
+        // Batches with buffers of their own, and slices of them at several
+        // offsets (some empty), as a merge holds the rest of each input
+        // batch.
+        let mut pieces = vec![];
+        for _ in 0..3 {
+            let arrays = random_arrays(&mut rng, n);
+            let batch = batch_for_gather(&mut rng, &arrays);
+            pieces.extend(random_pieces(&mut rng, &batch));
+            pieces.push(batch);
+        }
+        let refs: Vec<&RecordBatch> = pieces.iter().collect();
+        let nonempty: Vec<usize> = (0..refs.len())
+            .filter(|&b| refs[b].num_rows() > 0)
+            .collect();
+        let m = if n == 0 {
+            0
+        } else {
+            rng.random_range(0..2 * n)
+        };
+        let indices: Vec<(usize, usize)> = (0..m)
+            .map(|_| {
+                let b = nonempty[rng.random_range(0..nonempty.len())];
+                (b, rng.random_range(0..refs[b].num_rows()))
+            })
+            .collect();
+        let got = interleave_batches(&refs, &indices).unwrap();
+        let want = arrow::compute::interleave_record_batch(&refs, &indices).unwrap();
+        assert_eq!(got.num_rows(), m);
+        for (c, (got, want)) in got.columns().iter().zip(want.columns()).enumerate() {
+            got.to_data().validate_full().unwrap();
+            assert_eq!(got.as_ref(), want.as_ref(), "column {c} n={n}");
+        }
+        if n > 0 {
+            let err = interleave_batches(&refs, &[(0, n + 1)]).unwrap_err();
+            assert!(err.to_string().contains("interleave index 0"), "{err}");
+        }
+    }
+}
