@@ -111,9 +111,12 @@ fn interleave_column(
         DataType::Utf8View | DataType::BinaryView => {
             return interleave_views(&data, indices, nulls)
         }
+        // The typed arrays behind a batch's columns hold their values in
+        // aligned `ScalarBuffer`s, so reading them as a native type of
+        // the same width and alignment (i128 for decimals and views, up
+        // to u64 for the rest) is in bounds and aligned. Wider and other
+        // types go to Arrow.
         DataType::Decimal128(..) => interleave_values::<i128>(&data, indices),
-        // Widths up to 8 bytes: a native type of that width has the
-        // alignment Arrow checked the buffer for.
         dt if dt.is_primitive() => match dt.primitive_width() {
             Some(1) => interleave_values::<u8>(&data, indices),
             Some(2) => interleave_values::<u16>(&data, indices),
