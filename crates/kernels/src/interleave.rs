@@ -42,8 +42,10 @@ use arrow::error::ArrowError;
 /// ]).unwrap();
 /// let a = batch(vec![1, 4], vec!["one", "four, past twelve bytes"]);
 /// let b = batch(vec![2, 3], vec!["two", "three"]);
-/// let out = insitu_kernels::interleave_batches(&[&a, &b], &[(0, 0), (1, 0), (1, 1), (0, 1)]).unwrap();
-/// assert_eq!(out, batch(vec![1, 2, 3, 4], vec!["one", "two", "three", "four, past twelve bytes"]));
+/// let picks = [(0, 0), (1, 0), (1, 1), (0, 1)];
+/// let out = insitu_kernels::interleave_batches(&[&a, &b], &picks).unwrap();
+/// let want = batch(vec![1, 2, 3, 4], vec!["one", "two", "three", "four, past twelve bytes"]);
+/// assert_eq!(out, want);
 /// ```
 pub fn interleave_batches(
     batches: &[&RecordBatch],
@@ -106,10 +108,9 @@ fn interleave_column(
 ) -> Result<ArrayRef, ArrowError> {
     let data_type = arrays[0].data_type();
     let data: Vec<ArrayData> = arrays.iter().map(|a| a.to_data()).collect();
-    let nulls = interleave_nulls(arrays, indices);
     let values = match data_type {
         DataType::Utf8View | DataType::BinaryView => {
-            return interleave_views(&data, indices, nulls)
+            return interleave_views(&data, indices, interleave_nulls(arrays, indices))
         }
         // The typed arrays behind a batch's columns hold their values in
         // aligned `ScalarBuffer`s, so reading them as a native type of
@@ -129,7 +130,7 @@ fn interleave_column(
     let builder = ArrayData::builder(data_type.clone())
         .len(indices.len())
         .add_buffer(values)
-        .nulls(nulls);
+        .nulls(interleave_nulls(arrays, indices));
     // SAFETY: every value is a bit copy of a value of the same type, and
     // the buffer holds `len` of them, aligned as a Vec of their width.
     let out = unsafe { builder.build_unchecked() };
@@ -175,12 +176,8 @@ fn interleave_views(
     let mut bases: Vec<u32> = Vec::with_capacity(data.len());
     let mut buffers: Vec<Buffer> = vec![];
     for d in data {
-        bases.push(u32::try_from(buffers.len()).map_err(|_| {
-            invalid(format!(
-                "interleave: {} view data buffers exceed u32 buffer indices",
-                buffers.len()
-            ))
-        })?);
+        // Below the total, checked next.
+        bases.push(buffers.len() as u32);
         buffers.extend(d.buffers()[1..].iter().cloned());
     }
     if u32::try_from(buffers.len()).is_err() {
