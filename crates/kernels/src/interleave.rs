@@ -24,6 +24,8 @@ use arrow::buffer::{Buffer, NullBuffer};
 use arrow::datatypes::{ArrowNativeType, DataType};
 use arrow::error::ArrowError;
 
+use crate::gather_source::rebase_view;
+
 /// The rows `indices` name (`(batch, row)` pairs) as one batch, in that
 /// order, with the schema of the first batch; like Arrow's
 /// `interleave_record_batch`, which it matches value for value.
@@ -197,10 +199,8 @@ fn interleave_views(
                     *bases.get_unchecked(b),
                 )
             };
-            // The buffer index is bits 64..96 of a view longer than 12
-            // bytes; it stays below the buffer count, within u32.
-            let long = ((view as u32) > 12) as u128;
-            view + ((long * base as u128) << 64)
+            // The rebased index stays below the buffer count, within u32.
+            rebase_view(view, base)
         })
         .collect();
     let mut all = vec![Buffer::from_vec(views)];

@@ -145,7 +145,8 @@ impl<'a> AsciiBuffers<'a> {
         // Views out of range (inline ones too) read their buffer's first
         // bytes instead, so that no branch depends on the view.
         let at = std::hint::select_unpredictable(in_range, start, 0);
-        let prefix = u32::from_le_bytes(buffer.bytes[at..at + 4].try_into().unwrap());
+        let prefix =
+            u32::from_le_bytes(buffer.bytes[at..at + 4].try_into().expect("a 4-byte slice"));
         inline_ok | (in_range & (prefix == data as u32))
     }
 }
