@@ -415,6 +415,56 @@ fn encode_views_matches_cast() {
     }
 }
 
+/// More distinct views than `encode_views`' table of recent views has
+/// slots, so views share slots: each row still gets its own value's code.
+#[test]
+fn encode_views_with_views_sharing_table_slots() {
+    let mut rng = StdRng::seed_from_u64(52);
+    let words: Vec<String> = (0..3000)
+        .map(|i| "w".repeat(1 + i % 20) + &i.to_string())
+        .collect();
+    for n in [1000, 100_000] {
+        let values: Vec<Option<&str>> = (0..n)
+            .map(|_| {
+                rng.random_bool(0.95)
+                    .then(|| words[rng.random_range(0..words.len())].as_str())
+            })
+            .collect();
+        let page = StringViewArray::from(values.clone());
+        let dict = encode_views(&page, usize::MAX).unwrap();
+        let decoded = arrow::compute::cast(&dict, &DataType::Utf8View).unwrap();
+        assert_eq!(decoded.as_string_view(), &page, "n={n}");
+        let distinct: std::collections::HashSet<&str> = values.iter().flatten().copied().collect();
+        assert_eq!(dict.values().len(), distinct.len(), "n={n}");
+    }
+}
+
+/// A valid key past the dictionary is a broken precondition (a panic
+/// naming the key); a null key may hold any code.
+#[test]
+fn dictionary_ranks_check_only_valid_keys() {
+    let values: ArrayRef = Arc::new(StringArray::from(vec!["b", "a"]));
+    let keys = Int32Array::from(vec![Some(1), None, Some(0)]);
+    // The null key holds a code past the dictionary.
+    let (_, codes, nulls) = keys.into_parts();
+    let mut raw = codes.to_vec();
+    raw[1] = 7;
+    let keys = Int32Array::new(raw.into(), nulls);
+    let dict = unsafe { DictionaryArray::new_unchecked(keys.clone(), Arc::clone(&values)) };
+    let ranks = dictionary_ranks(&dict).unwrap();
+    assert_eq!(ranks.ranks, UInt32Array::from(vec![Some(0), None, Some(1)]));
+    let (_, codes, _) = keys.into_parts();
+    let all_valid = Int32Array::new(codes, None);
+    let dict = unsafe { DictionaryArray::new_unchecked(all_valid, values) };
+    let panic = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| dictionary_ranks(&dict)))
+        .unwrap_err();
+    let message = panic.downcast_ref::<String>().unwrap();
+    assert!(
+        message.contains("dictionary key 7 out of range"),
+        "{message}"
+    );
+}
+
 #[test]
 fn multi_column_matches_reference() {
     let mut rng = StdRng::seed_from_u64(43);
