@@ -32,7 +32,7 @@
 use std::fmt;
 use std::sync::Arc;
 
-use arrow::array::RecordBatch;
+use arrow::array::{ArrayRef, RecordBatch};
 use arrow::datatypes::SchemaRef;
 use arrow::row::{Row, RowConverter, Rows, SortField};
 use datafusion::common::tree_node::TreeNodeRecursion;
@@ -217,7 +217,7 @@ impl ExecutionPlan for DeviceMergeExec {
 /// One input's current batch, its keys in row format and the next row.
 struct Cursor {
     batch: RecordBatch,
-    keys: Rows,
+    keys: BatchKeys,
     next: usize,
     /// Index of `batch` in [`Pending::batches`], once a row of it waits there.
     pending_slot: Option<usize>,
@@ -226,6 +226,36 @@ struct Cursor {
 impl Cursor {
     fn key(&self) -> Row<'_> {
         self.keys.row(self.next)
+    }
+}
+
+/// A batch's sort keys in row format. A sorted batch whose first and
+/// last keys are equal holds one key in every row: ORDER BY a column of a
+/// few values (`l_shipmode`) sends mostly such batches, and one key
+/// stands for all their rows instead of each row's being encoded.
+enum BatchKeys {
+    /// Each row's key.
+    Each(Rows),
+    /// One key (a single row) for all `rows` rows.
+    Same { key: Rows, rows: usize },
+}
+
+impl BatchKeys {
+    fn row(&self, i: usize) -> Row<'_> {
+        match self {
+            BatchKeys::Each(keys) => keys.row(i),
+            BatchKeys::Same { key, rows } => {
+                debug_assert!(i < *rows, "row {i} of {rows}");
+                key.row(0)
+            }
+        }
+    }
+
+    fn num_rows(&self) -> usize {
+        match self {
+            BatchKeys::Each(keys) => keys.num_rows(),
+            BatchKeys::Same { rows, .. } => *rows,
+        }
     }
 }
 
@@ -332,13 +362,27 @@ impl RunMerge {
         Ok(())
     }
 
-    fn key_rows(&self, batch: &RecordBatch) -> Result<Rows> {
+    /// `batch`'s keys: one for all rows if its first and last rows have
+    /// the same key (the batch is sorted, so every row between has it
+    /// too), else each row's.
+    fn key_rows(&self, batch: &RecordBatch) -> Result<BatchKeys> {
+        let rows = batch.num_rows();
         let columns = self
             .ordering
             .iter()
-            .map(|sort| sort.expr.evaluate(batch)?.into_array(batch.num_rows()))
+            .map(|sort| sort.expr.evaluate(batch)?.into_array(rows))
             .collect::<Result<Vec<_>>>()?;
-        Ok(self.converter.convert_columns(&columns)?)
+        if rows > 1 {
+            let row_at = |i: usize| -> Result<Rows> {
+                let one: Vec<ArrayRef> = columns.iter().map(|c| c.slice(i, 1)).collect();
+                Ok(self.converter.convert_columns(&one)?)
+            };
+            let (first, last) = (row_at(0)?, row_at(rows - 1)?);
+            if first.row(0) == last.row(0) {
+                return Ok(BatchKeys::Same { key: first, rows });
+            }
+        }
+        Ok(BatchKeys::Each(self.converter.convert_columns(&columns)?))
     }
 
     /// Merges runs until an output batch is ready or some input's batch
@@ -464,7 +508,7 @@ impl RunMerge {
 /// to it, unless `take_ties`). The key at `start` must be in the run.
 /// Exponential then binary search: a run of length r costs O(log r)
 /// comparisons.
-fn gallop(keys: &Rows, start: usize, bound: Row<'_>, take_ties: bool) -> usize {
+fn gallop(keys: &BatchKeys, start: usize, bound: Row<'_>, take_ties: bool) -> usize {
     let in_run = |i: usize| {
         let key = keys.row(i);
         if take_ties {
@@ -500,7 +544,7 @@ fn gallop(keys: &Rows, start: usize, bound: Row<'_>, take_ties: bool) -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use arrow::array::{Array, ArrayRef, Float64Array, Int32Array, StringArray, UInt32Array};
+    use arrow::array::{Array, Float64Array, Int32Array, StringArray, UInt32Array};
     use arrow::compute::SortOptions;
     use arrow::compute::{concat_batches, lexsort_to_indices, take_record_batch, SortColumn};
     use arrow::datatypes::{DataType, Field, Schema};
@@ -696,12 +740,57 @@ mod tests {
         assert_eq!(out[0].column(0).len(), 1000);
     }
 
+    /// A batch whose first and last keys match keeps one key for all its
+    /// rows; a batch whose keys differ, or that holds one row, keeps each
+    /// row's.
+    #[test]
+    fn a_batch_of_one_key_keeps_one_row_of_keys() {
+        let asc = SortOptions::default();
+        let merge = RunMerge::try_new(
+            vec![],
+            schema(),
+            ordering(&[("s", asc), ("k", asc)]),
+            100,
+            None,
+            BaselineMetrics::new(&ExecutionPlanMetricsSet::new(), 0),
+        )
+        .unwrap();
+        let batch = |k: Vec<i32>, s: Vec<&str>| {
+            let n = k.len();
+            let columns: Vec<ArrayRef> = vec![
+                Arc::new(Int32Array::from(k)),
+                Arc::new(Float64Array::from(vec![0.0; n])),
+                Arc::new(StringArray::from(s)),
+                Arc::new(UInt32Array::from(vec![0; n])),
+            ];
+            RecordBatch::try_new(schema(), columns).unwrap()
+        };
+        let same = merge.key_rows(&batch(vec![4; 5], vec!["a"; 5])).unwrap();
+        assert!(matches!(same, BatchKeys::Same { rows: 5, .. }));
+        assert_eq!(same.num_rows(), 5);
+        assert_eq!(same.row(4), same.row(0));
+        // Same first column, different second: each row's key.
+        let each = merge
+            .key_rows(&batch(vec![1, 2, 4], vec!["a", "a", "a"]))
+            .unwrap();
+        assert!(matches!(each, BatchKeys::Each(_)));
+        assert!(each.row(0) < each.row(2));
+        let one = merge.key_rows(&batch(vec![1], vec!["a"])).unwrap();
+        assert!(matches!(one, BatchKeys::Each(_)));
+        // A run over a batch of one key ends at the batch's end or its
+        // start, as the bound falls.
+        let bound = merge.key_rows(&batch(vec![4], vec!["a"])).unwrap();
+        assert_eq!(gallop(&same, 1, bound.row(0), true), 5);
+        let above = merge.key_rows(&batch(vec![5], vec!["a"])).unwrap();
+        assert_eq!(gallop(&same, 2, above.row(0), false), 5);
+    }
+
     #[test]
     fn gallop_finds_the_end_of_a_run() {
         let converter = RowConverter::new(vec![SortField::new(DataType::Int32)]).unwrap();
         let values = [1, 2, 2, 2, 3, 5, 5, 8, 9, 9, 9, 9, 9, 9, 9, 12];
         let column: ArrayRef = Arc::new(Int32Array::from(values.to_vec()));
-        let keys = converter.convert_columns(&[column]).unwrap();
+        let keys = BatchKeys::Each(converter.convert_columns(&[column]).unwrap());
         for bound in 0..14 {
             let probe: ArrayRef = Arc::new(Int32Array::from(vec![bound]));
             let probe = converter.convert_columns(&[probe]).unwrap();
