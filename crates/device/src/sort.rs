@@ -22,9 +22,9 @@ use std::fmt;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use arrow::array::{new_empty_array, Array, RecordBatch};
+use arrow::array::{new_empty_array, Array, ArrayRef, AsArray, RecordBatch};
 use arrow::compute::{concat, concat_batches, SortColumn};
-use arrow::datatypes::SchemaRef;
+use arrow::datatypes::{DataType, SchemaRef};
 use datafusion::common::tree_node::{Transformed, TreeNode, TreeNodeRecursion};
 use datafusion::common::{internal_err, DataFusionError, Result};
 use datafusion::execution::memory_pool::{MemoryConsumer, MemoryReservation};
@@ -42,7 +42,7 @@ use datafusion::physical_plan::{
     Partitioning, PlanProperties,
 };
 use futures::StreamExt;
-use insitu_kernels::{argsort_columns, GatherSource, Parallelism, SourceLayout};
+use insitu_kernels::{argsort_columns, concat_views, GatherSource, Parallelism, SourceLayout};
 
 use crate::hybrid_sort::hybrid_sort_for;
 use crate::spill::{merge_runs, reduce_runs, rows_within, KeyEncoder, SpillRuns};
@@ -491,10 +491,9 @@ impl SortJob {
                     .iter()
                     .map(|b| e.expr.evaluate(b)?.into_array(b.num_rows()))
                     .collect::<Result<Vec<_>>>()?;
-                let parts: Vec<&dyn Array> = parts.iter().map(|a| a.as_ref()).collect();
                 let values = match parts.is_empty() {
                     true => new_empty_array(&e.expr.data_type(&self.schema)?),
-                    false => concat(&parts)?,
+                    false => concat_keys(&parts)?,
                 };
                 Ok(SortColumn {
                     values,
@@ -528,6 +527,26 @@ impl SortJob {
         drop(batches);
         Ok(Sorted::Gather { source, order })
     }
+}
+
+/// A key column's parts (one per batch) as one array: view columns
+/// through [`concat_views`], which lists the data buffers the batches
+/// share once, the rest through Arrow's `concat`.
+fn concat_keys(parts: &[ArrayRef]) -> Result<ArrayRef> {
+    Ok(match parts[0].data_type() {
+        DataType::Utf8View => {
+            let views: Vec<_> = parts.iter().map(|p| p.as_string_view()).collect();
+            Arc::new(concat_views(&views)?)
+        }
+        DataType::BinaryView => {
+            let views: Vec<_> = parts.iter().map(|p| p.as_binary_view()).collect();
+            Arc::new(concat_views(&views)?)
+        }
+        _ => {
+            let parts: Vec<&dyn Array> = parts.iter().map(|a| a.as_ref()).collect();
+            concat(&parts)?
+        }
+    })
 }
 
 /// What a sort hands on.

@@ -43,7 +43,7 @@ pub use gather::{
     gather, gather_batch, gather_batch_with, gather_rows, gather_rows_into, gather_values,
     ROW_GROUP_BYTES_MAX,
 };
-pub use gather_source::{GatherSource, SourceLayout};
+pub use gather_source::{concat_views, GatherSource, SourceLayout};
 pub use interleave::interleave_batches;
 pub use radix::SortIndex;
 pub use rows::argsort_columns;

@@ -465,6 +465,59 @@ fn dictionary_ranks_check_only_valid_keys() {
     );
 }
 
+/// `concat_views` against Arrow's `concat`: parts that are slices of one
+/// array (sharing its buffers), arrays with buffers of their own, empty
+/// parts, nulls, inline and out-of-line strings, and binary views.
+#[test]
+fn concat_views_matches_concat() {
+    let mut rng = StdRng::seed_from_u64(53);
+    for n in SIZES {
+        let value = |rng: &mut StdRng| {
+            rng.random_bool(0.9).then(|| {
+                let len = rng.random_range(0..30);
+                (0..len)
+                    .map(|_| rng.random_range(b'a'..=b'z') as char)
+                    .collect::<String>()
+            })
+        };
+        let whole: StringViewArray = (0..n).map(|_| value(&mut rng)).collect();
+        let other: StringViewArray = (0..n / 3 + 1).map(|_| value(&mut rng)).collect();
+        let mut parts: Vec<StringViewArray> = vec![];
+        let mut at = 0;
+        while at < n {
+            let len = rng.random_range(0..=(n - at).min(700));
+            parts.push(whole.slice(at, len));
+            if rng.random_bool(0.3) {
+                parts.push(other.clone());
+            }
+            at += len;
+        }
+        parts.push(whole.slice(0, 0));
+        let refs: Vec<&StringViewArray> = parts.iter().collect();
+        let dyn_refs: Vec<&dyn Array> = parts.iter().map(|p| p as &dyn Array).collect();
+        let got = concat_views(&refs).unwrap();
+        let want = arrow::compute::concat(&dyn_refs).unwrap();
+        assert_eq!(&got as &dyn Array, want.as_ref(), "n={n}");
+        assert!(got.data_buffers().len() <= want.as_string_view().data_buffers().len());
+        let binary: Vec<BinaryViewArray> = parts
+            .iter()
+            .map(|p| {
+                arrow::compute::cast(p, &DataType::BinaryView)
+                    .unwrap()
+                    .as_binary_view()
+                    .clone()
+            })
+            .collect();
+        let binary_refs: Vec<&BinaryViewArray> = binary.iter().collect();
+        let dyn_binary: Vec<&dyn Array> = binary.iter().map(|p| p as &dyn Array).collect();
+        let got = concat_views(&binary_refs).unwrap();
+        assert_eq!(
+            &got as &dyn Array,
+            arrow::compute::concat(&dyn_binary).unwrap().as_ref()
+        );
+    }
+}
+
 #[test]
 fn multi_column_matches_reference() {
     let mut rng = StdRng::seed_from_u64(43);
