@@ -266,7 +266,7 @@ pub fn low_cardinality_ranks(values: &dyn Array) -> Result<Option<DictionaryRank
 /// low-cardinality column in random order (`l_shipinstruct`'s 4 values)
 /// hit it nearly always, where a hash map lookup per row cost three
 /// times as much (`cargo bench -- low_cardinality_ranks` in bench/kernels,
-/// 1Mi rows: 9.6 ms with the map alone).
+/// 1Mi rows: 9.6 ms with the map alone, 4.5 ms with the table).
 const RECENT_VIEW_SLOTS: usize = 256;
 
 /// A view's slot in the table of recent views: its two halves mixed by a

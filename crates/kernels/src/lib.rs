@@ -21,6 +21,7 @@
 //! | [`compact_views`] | string / binary views -> one buffer of just their bytes |
 //! | [`dedup_view_buffers`] | string / binary views -> each buffer they reference listed once |
 //! | [`shrink_views`] | string / binary views -> buffers of little more than they use, by either of the two above |
+//! | [`concat_views`] | string / binary view arrays -> one, buffers shared by consecutive parts listed once |
 
 mod argsort;
 mod decode;
