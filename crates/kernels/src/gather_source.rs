@@ -722,7 +722,7 @@ pub(crate) fn rebase_view(view: u128, base: u32) -> u128 {
 /// previous part's base, so the list, and what each gathered array
 /// carries, holds every distinct page once instead of once per batch.
 /// Refuses more buffers than u32 buffer indices reach.
-fn data_buffer_list<'a>(
+pub(crate) fn data_buffer_list<'a>(
     parts: impl Iterator<Item = &'a [Buffer]>,
 ) -> Result<DataBufferList, ArrowError> {
     let mut bases = vec![];
@@ -789,10 +789,10 @@ pub fn concat_views<T: ByteViewType + ?Sized>(
 }
 
 /// A view column's data buffers over all batches.
-struct DataBufferList {
+pub(crate) struct DataBufferList {
     /// Where each batch's buffers start in `buffers`.
-    bases: Vec<u32>,
-    buffers: Vec<Buffer>,
+    pub(crate) bases: Vec<u32>,
+    pub(crate) buffers: Vec<Buffer>,
 }
 
 /// The validity of the arrays one after another; `None` if none has nulls.

@@ -24,7 +24,7 @@ use arrow::buffer::{Buffer, NullBuffer};
 use arrow::datatypes::{ArrowNativeType, DataType};
 use arrow::error::ArrowError;
 
-use crate::gather_source::rebase_view;
+use crate::gather_source::{data_buffer_list, rebase_view, DataBufferList};
 
 /// The rows `indices` name (`(batch, row)` pairs) as one batch, in that
 /// order, with the schema of the first batch; like Arrow's
@@ -33,7 +33,8 @@ use crate::gather_source::rebase_view;
 /// Every batch must have the first batch's column types, and every index
 /// must name a batch and one of its rows; otherwise an error says which
 /// does not. A string or binary view column lists the data buffers of
-/// every batch it picks from, used or not.
+/// every batch, used or not; a batch whose buffers are the previous
+/// batch's adds none.
 ///
 /// ```
 /// use std::sync::Arc;
@@ -169,25 +170,17 @@ fn interleave_nulls(arrays: &[&dyn Array], indices: &[(usize, usize)]) -> Option
 }
 
 /// String or binary views, each out-of-line view's buffer index moved up
-/// by where its array's buffers start in the output's list of all of them.
+/// by where its array's buffers start in the output's list of all of them
+/// (the gather source's list: a batch sharing the previous one's buffers
+/// adds none).
 fn interleave_views(
     data: &[ArrayData],
     indices: &[(usize, usize)],
     nulls: Option<NullBuffer>,
 ) -> Result<ArrayRef, ArrowError> {
-    let mut bases: Vec<u32> = Vec::with_capacity(data.len());
-    let mut buffers: Vec<Buffer> = vec![];
-    for d in data {
-        // Below the total, checked next.
-        bases.push(buffers.len() as u32);
-        buffers.extend(d.buffers()[1..].iter().cloned());
-    }
-    if u32::try_from(buffers.len()).is_err() {
-        return Err(invalid(format!(
-            "interleave: {} view data buffers exceed u32 buffer indices",
-            buffers.len()
-        )));
-    }
+    let DataBufferList { bases, buffers } =
+        data_buffer_list(data.iter().map(|d| &d.buffers()[1..]))
+            .map_err(|e| invalid(format!("interleave: {e}")))?;
     let sources: Vec<&[u128]> = data.iter().map(values_of::<u128>).collect();
     let views: Vec<u128> = indices
         .iter()
