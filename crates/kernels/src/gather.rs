@@ -12,6 +12,7 @@ use arrow::buffer::{BooleanBuffer, Buffer, NullBuffer};
 use arrow::datatypes::DataType;
 use arrow::error::ArrowError;
 
+use crate::arena::{ChunkArena, OutputBuffer};
 use crate::mem::{pooled_buffer, recycle, take_vec, take_vec_filled, Pod};
 
 /// How far ahead the gather loops prefetch.
@@ -367,11 +368,9 @@ fn gather_row_group(
     let rows = pack_rows(&sources, widths, &offsets, data[0].len());
     let outputs = gather_packed(&rows, widths, indices);
     recycle(rows);
-    let n = indices.len();
     data.iter()
         .zip(outputs)
-        .zip(widths)
-        .map(|((d, out), w)| rebuild(d, pooled_buffer(out).slice_with_length(0, n * w), indices))
+        .map(|(d, out)| rebuild(d, out.into_buffer(), indices))
         .collect()
 }
 
@@ -385,26 +384,28 @@ pub(crate) fn member_offsets(widths: &[usize]) -> Vec<usize> {
 /// Gathers packed rows (members `widths` bytes wide, in row order) by
 /// `indices` (in range) and unpacks them into one buffer per member, a
 /// block of rows at a time.
-pub(crate) fn gather_packed(rows: &[u8], widths: &[usize], indices: &[u32]) -> Vec<Vec<u128>> {
+pub(crate) fn gather_packed(rows: &[u8], widths: &[usize], indices: &[u32]) -> Vec<OutputBuffer> {
     gather_packed_with(
         rows,
         widths,
         widths,
         indices,
         |m, block, row_width, offset, out| unpack_column(block, row_width, offset, widths[m], out),
+        None,
     )
 }
 
 /// [`gather_packed`] with each member's values turned into `out_widths`
 /// bytes per row by `unpack(member, gathered rows, row width, member
-/// offset, output)`.
+/// offset, output)`; the outputs are regions of `arena` while it has room.
 pub(crate) fn gather_packed_with(
     rows: &[u8],
     widths: &[usize],
     out_widths: &[usize],
     indices: &[u32],
     unpack: impl Fn(usize, &[u8], usize, usize, &mut [u8]),
-) -> Vec<Vec<u128>> {
+    arena: Option<&ChunkArena>,
+) -> Vec<OutputBuffer> {
     assert_eq!(
         widths.len(),
         out_widths.len(),
@@ -413,9 +414,9 @@ pub(crate) fn gather_packed_with(
     let row_width: usize = widths.iter().sum();
     let offsets = member_offsets(widths);
     let n = indices.len();
-    let mut outputs: Vec<Vec<u128>> = out_widths
+    let mut outputs: Vec<OutputBuffer> = out_widths
         .iter()
-        .map(|w| take_vec_filled((n * w).div_ceil(16)))
+        .map(|w| OutputBuffer::in_arena_or_pooled(arena, n * w))
         .collect();
     let block_rows = (ROW_BLOCK_BYTES / row_width).max(1);
     let mut block: Vec<u8> = take_vec_filled(block_rows * row_width);
@@ -423,7 +424,7 @@ pub(crate) fn gather_packed_with(
         let gathered = &mut block[..chunk.len() * row_width];
         gather_rows_into(rows, row_width, chunk, gathered);
         for (m, (out, &w)) in outputs.iter_mut().zip(out_widths).enumerate() {
-            let dst = &mut as_bytes_mut(out)[b * block_rows * w..][..chunk.len() * w];
+            let dst = &mut out.bytes_mut()[b * block_rows * w..][..chunk.len() * w];
             unpack(m, gathered, row_width, offsets[m], dst);
         }
     }

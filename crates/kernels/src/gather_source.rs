@@ -40,11 +40,14 @@ use arrow::compute::concat;
 use arrow::datatypes::{ByteViewType, DataType, SchemaRef};
 use arrow::error::ArrowError;
 
+use crate::arena::{ChunkArena, OutputBuffer};
 use crate::gather::{
-    as_bytes_mut, check_indices, fixed_part_bytes, gather_in_range, gather_nulls,
-    gather_packed_with, member_offsets, pack_column, row_groups, unpack_column, ROW_BLOCK_BYTES,
+    check_indices, fixed_part_bytes, gather_in_range, gather_nulls, gather_packed_with,
+    member_offsets, pack_column, row_groups, unpack_column, ROW_BLOCK_BYTES,
 };
 use crate::mem::{pooled_buffer, recycle, take_vec, take_vec_filled};
+use crate::views::shrink_views_in_place;
+use crate::SHRINK_SLACK_BYTES;
 
 /// Batches prepared for repeated gathers; row `i` of the source is row
 /// `i - start(b)` of the batch `b` holding it, batches in the order given.
@@ -372,8 +375,14 @@ impl GatherSource {
     }
 
     /// The rows at `indices` (global row numbers), as one batch.
+    ///
+    /// The batch's fixed-width buffers, and the compacted strings of view
+    /// columns, lie in one [`ChunkArena`] with room for a message header,
+    /// so that an encoder can ship them without copying.
     pub fn gather(&self, indices: &[u32]) -> Result<RecordBatch, ArrowError> {
         check_indices(indices, self.rows)?;
+        let arena = self.arena_for(indices.len());
+        let arena = Some(&arena);
         let mut out: Vec<Option<ArrayRef>> = vec![None; self.columns.len()];
         for group in &self.groups {
             let widths: Vec<usize> = group.members.iter().map(|&(_, w)| w).collect();
@@ -387,8 +396,9 @@ impl GatherSource {
                     Packing::Full => unpack_column(rows, row_width, offset, widths[m], out),
                     packing => unpack_widened(packing, rows, row_width, offset, out),
                 };
-            let values = gather_packed_with(&group.rows, &widths, &out_widths, indices, unpack);
-            for ((&(c, _), values), &w) in group.members.iter().zip(values).zip(&out_widths) {
+            let values =
+                gather_packed_with(&group.rows, &widths, &out_widths, indices, unpack, arena);
+            for (&(c, _), values) in group.members.iter().zip(values) {
                 let ColumnSource::Packed {
                     nulls,
                     data_buffers,
@@ -396,7 +406,8 @@ impl GatherSource {
                 else {
                     unreachable!("group members are packed columns");
                 };
-                out[c] = Some(self.fixed_width_array(c, values, w, nulls, data_buffers, indices));
+                out[c] =
+                    Some(self.fixed_width_array(c, values, nulls, data_buffers, indices, arena));
             }
         }
         let columns = (out.into_iter().zip(&self.columns).enumerate())
@@ -420,8 +431,8 @@ impl GatherSource {
                         starts: &self.batch_starts,
                         view_bases: view_bases.as_deref(),
                     };
-                    let values = source.gather(*width, indices);
-                    Ok(self.fixed_width_array(c, values, *width, nulls, data_buffers, indices))
+                    let values = source.gather(*width, indices, arena);
+                    Ok(self.fixed_width_array(c, values, nulls, data_buffers, indices, arena))
                 }
                 (None, ColumnSource::Packed { .. }) => unreachable!("packed columns are gathered"),
             })
@@ -430,31 +441,79 @@ impl GatherSource {
         RecordBatch::try_new_with_options(Arc::clone(&self.schema), columns, &options)
     }
 
-    /// Column `c` from its gathered `w`-byte values, sharing the source's
-    /// view data buffers, with the validity of the gathered rows.
+    /// An arena for a batch of `rows` rows: room for its fixed-width
+    /// values and, for view columns, their strings at the source's
+    /// average bytes per row (what compaction copies), plus slack for
+    /// what an encoder copies in (validity, small dictionary pages).
+    fn arena_for(&self, rows: usize) -> ChunkArena {
+        let mut body = ARENA_SLACK_BYTES;
+        let mut buffers = 0;
+        for (c, source) in self.columns.iter().enumerate() {
+            let data_buffers = match source {
+                ColumnSource::Packed { data_buffers, .. }
+                | ColumnSource::Batched { data_buffers, .. } => data_buffers,
+                ColumnSource::Concatenated(array) => {
+                    let bytes = array.get_array_memory_size() / self.rows.max(1);
+                    body += (rows * bytes).next_multiple_of(64) + 64;
+                    buffers += 3;
+                    continue;
+                }
+            };
+            let width = packed_width(self.schema.field(c).data_type()).unwrap_or(16);
+            body += (rows * width).next_multiple_of(64) + (rows.div_ceil(8) + 64);
+            let data: usize = data_buffers.iter().map(|b| b.len()).sum();
+            body += (rows * data).div_ceil(self.rows.max(1)) * 5 / 4;
+            body += data.min(SHRINK_SLACK_BYTES) + 64;
+            buffers += 2 + data_buffers.len();
+        }
+        ChunkArena::new(HEADER_BYTES_BASE + buffers * HEADER_BYTES_PER_BUFFER, body)
+    }
+
+    /// Column `c` from its gathered values, with the validity of the
+    /// gathered rows; view columns shrunk as [`crate::shrink_views`] would
+    /// (strings compacted into `arena`) or sharing the source's buffers.
     fn fixed_width_array(
         &self,
         c: usize,
-        values: Vec<u128>,
-        w: usize,
+        mut values: OutputBuffer,
         nulls: &Option<NullBuffer>,
         data_buffers: &[Buffer],
         indices: &[u32],
+        arena: Option<&ChunkArena>,
     ) -> ArrayRef {
-        let mut buffers = vec![pooled_buffer(values).slice_with_length(0, indices.len() * w)];
-        buffers.extend(data_buffers.iter().cloned());
-        let data = ArrayData::builder(self.schema.field(c).data_type().clone())
+        let nulls = gather_nulls(nulls.as_ref(), indices);
+        let data_type = self.schema.field(c).data_type();
+        let data_buffers = match data_type {
+            DataType::Utf8View | DataType::BinaryView => {
+                shrink_views_in_place(values.u128s_mut(), data_buffers, nulls.as_ref(), |bytes| {
+                    OutputBuffer::in_arena_or_pooled(arena, bytes)
+                })
+            }
+            _ => data_buffers.to_vec(),
+        };
+        let mut buffers = vec![values.into_buffer()];
+        buffers.extend(data_buffers);
+        let data = ArrayData::builder(data_type.clone())
             .len(indices.len())
             .buffers(buffers)
-            .nulls(gather_nulls(nulls.as_ref(), indices));
+            .nulls(nulls);
         // SAFETY: every value is a bit copy of a source value, views
-        // rebased to the same bytes in `data_buffers`; the buffer holds
-        // exactly `len` values with 16-byte alignment.
+        // rebased to the same bytes in `data_buffers` (or, compacted, to a
+        // copy of them); the buffer holds exactly `len` values, 64- or
+        // 16-byte aligned.
         let data = unsafe { data.build_unchecked() };
         debug_assert!(data.validate_full().is_ok());
         make_array(data)
     }
 }
+
+/// Bytes of a message header besides its buffer entries.
+const HEADER_BYTES_BASE: usize = 1024;
+/// Header bytes per buffer (its offset and length, and its share of a
+/// field node).
+const HEADER_BYTES_PER_BUFFER: usize = 32;
+/// Room in an arena beyond the estimate of what a batch holds.
+const ARENA_SLACK_BYTES: usize = 64 << 10;
 
 /// One fixed-width column left in its batches.
 struct BatchedColumn<'a> {
@@ -467,10 +526,10 @@ struct BatchedColumn<'a> {
 
 impl BatchedColumn<'_> {
     /// The `w`-byte values at `indices` (checked to be below the total),
-    /// 16-byte aligned.
-    fn gather(&self, w: usize, indices: &[u32]) -> Vec<u128> {
-        let mut values: Vec<u128> = take_vec_filled((indices.len() * w).div_ceil(16));
-        let out = &mut as_bytes_mut(&mut values)[..indices.len() * w];
+    /// 16-byte aligned, in `arena` while it has room.
+    fn gather(&self, w: usize, indices: &[u32], arena: Option<&ChunkArena>) -> OutputBuffer {
+        let mut values = OutputBuffer::in_arena_or_pooled(arena, indices.len() * w);
+        let out = values.bytes_mut();
         match (w, self.view_bases) {
             (16, Some(bases)) => self.gather_views(bases, indices, out),
             (1, _) => self.gather_w::<1>(indices, out),
@@ -851,13 +910,52 @@ mod tests {
         source
     }
 
+    /// Long strings from large buffers come out compacted into one buffer
+    /// of just the gathered strings, in the same arena as the batch's
+    /// other buffers; null rows' views are empty. In both layouts.
+    #[test]
+    fn long_strings_are_compacted_into_the_batch_arena() {
+        let batches: Vec<RecordBatch> = (0..4)
+            .map(|b| {
+                let strings: StringViewArray = (0..500)
+                    .map(|i| (i % 9 != 0).then(|| format!("batch {b} string {i} past twelve")))
+                    .collect();
+                let keys = Int64Array::from_iter_values((0..500).map(|i| i * 4 + b));
+                batch(vec![Arc::new(keys), Arc::new(strings)])
+            })
+            .collect();
+        let source = gathers_like_take(&batches);
+        let order: Vec<u32> = (0..100).map(|i| i * 19 % 2000).collect();
+        for layout in [SourceLayout::Rows, SourceLayout::Columns] {
+            let source = GatherSource::with_layout(batches[0].schema(), &batches, layout).unwrap();
+            let got = source.gather(&order).unwrap();
+            let strings = got.column(1).as_string_view();
+            let used: usize = strings.iter().flatten().map(|s| s.len()).sum();
+            assert_eq!(strings.data_buffers().len(), 1, "{layout:?}");
+            assert_eq!(strings.data_buffers()[0].len(), used, "{layout:?}");
+            for (row, view) in strings.views().iter().enumerate() {
+                assert!(
+                    strings.is_valid(row) || *view == 0,
+                    "null row {row} has a view"
+                );
+            }
+            let keys = got.column(0).to_data().buffers()[0].clone();
+            let arena = ChunkArena::containing(keys.as_ptr()).expect("keys in an arena");
+            assert!(arena.body_offset(&strings.data_buffers()[0]).is_some());
+            assert!(arena.body_offset(strings.views().inner()).is_some());
+        }
+        assert_eq!(source.num_rows(), 2000);
+    }
+
     /// Batches that share their data buffers (one row group's batches over
     /// its dictionary page) list them once in what a gather returns, in
     /// both layouts; a batch with buffers of its own adds them after.
+    /// (The pages are small enough, at most `SHRINK_SLACK_BYTES` in all,
+    /// that the gather ships them as they are.)
     #[test]
     fn view_buffers_shared_by_consecutive_batches_are_listed_once() {
         let page = StringViewArray::from_iter_values(
-            (0..60).map(|i| format!("a value longer than twelve bytes, {}", i % 5)),
+            (0..60).map(|i| format!("a value past twelve, {}", i % 5)),
         );
         let slices: Vec<RecordBatch> = (0..6)
             .map(|i| batch(vec![Arc::new(page.slice(i * 10, 10))]))

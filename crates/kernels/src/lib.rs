@@ -2,9 +2,10 @@
 //!
 //! The device side of a table sort (NASCENT2): sort the key column into
 //! row indices, then gather whole rows by those indices. Every kernel is a
-//! synchronous free function: no I/O, no async. The one piece of global
-//! state is [`mem`]'s scratch pool, which retains freed large buffers for
-//! reuse only when the process sets a limit (0 by default). Each one
+//! synchronous free function: no I/O, no async. The global state is
+//! [`mem`]'s scratch pool, which retains freed large buffers for reuse
+//! only when the process sets a limit (0 by default), and [`arena`]'s list
+//! of live chunk arenas by address. Each one
 //! asserts its preconditions (indices and dictionary keys in range) and is
 //! tested against a naive reference in `tests/`.
 //!
@@ -21,8 +22,10 @@
 //! | [`compact_views`] | string / binary views -> one buffer of just their bytes |
 //! | [`dedup_view_buffers`] | string / binary views -> each buffer they reference listed once |
 //! | [`shrink_views`] | string / binary views -> buffers of little more than they use, by either of the two above |
+//! | [`arena::ChunkArena`] | one allocation for all of a batch's buffers, with room in front for a message header (encoded in place) |
 //! | [`concat_views`] | string / binary view arrays -> one, buffers shared by consecutive parts listed once |
 
+pub mod arena;
 mod argsort;
 mod decode;
 mod dictionary;

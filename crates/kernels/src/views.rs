@@ -21,10 +21,11 @@
 //! instead, copying no string.
 
 use arrow::array::{Array, ArrayData, GenericByteViewArray};
-use arrow::buffer::{NullBuffer, ScalarBuffer};
+use arrow::buffer::{Buffer, NullBuffer, ScalarBuffer};
 use arrow::datatypes::{ByteViewType, DataType};
 use arrow::error::ArrowError;
 
+use crate::arena::OutputBuffer;
 use crate::gather::{prefetch, PREFETCH_ROWS};
 use crate::mem::{pooled_buffer, take_vec};
 
@@ -44,10 +45,7 @@ const INLINE_BYTES_MAX: u32 = 12;
 /// let a = StringViewArray::from(vec!["short", "a string longer than twelve bytes"]);
 /// assert!(validate_utf8_views(a.views(), a.data_buffers()).is_ok());
 /// ```
-pub fn validate_utf8_views(
-    views: &[u128],
-    buffers: &[arrow::buffer::Buffer],
-) -> Result<(), ArrowError> {
+pub fn validate_utf8_views(views: &[u128], buffers: &[Buffer]) -> Result<(), ArrowError> {
     let ascii = AsciiBuffers::of(buffers);
     let mut whole_utf8: Option<Vec<bool>> = None;
     for (chunk_at, chunk) in views.chunks(VALIDATE_CHUNK_VIEWS).enumerate() {
@@ -199,38 +197,50 @@ fn compact_referenced<T: ByteViewType + ?Sized>(
     array: &GenericByteViewArray<T>,
     total: usize,
 ) -> GenericByteViewArray<T> {
-    let views = array.views();
-    let nulls = array.nulls();
-    let is_valid = |i: usize| nulls.is_none_or(|n| n.is_valid(i));
     if total > u32::MAX as usize {
         // One buffer's offsets are u32; Arrow's gc splits into several.
         return array.gc();
     }
-    let (views, data) = compact_view_parts(views, array.data_buffers(), is_valid, total);
-    let buffers = match data.is_empty() {
-        true => vec![],
-        false => vec![pooled_buffer(data)],
-    };
+    let mut views = copied_views(array);
+    let buffers = compact_in_place(
+        &mut views,
+        array.data_buffers(),
+        array.nulls(),
+        total,
+        OutputBuffer::pooled,
+    );
     let views = ScalarBuffer::new(pooled_buffer(views), 0, array.len());
     // SAFETY: every view is the source's view (inline), an empty view (a
     // null), or the source's length and prefix over a copy of the same
     // bytes at its recorded offset in buffer 0; UTF-8 validity carries over.
-    unsafe { GenericByteViewArray::new_unchecked(views, buffers, nulls.cloned()) }
+    unsafe { GenericByteViewArray::new_unchecked(views, buffers, array.nulls().cloned()) }
 }
 
-/// The views rewritten to point into one buffer of `total` bytes, and that
-/// buffer; `is_valid(i)` tells which views to copy.
-fn compact_view_parts(
-    views: &[u128],
-    buffers: &[arrow::buffer::Buffer],
-    is_valid: impl Fn(usize) -> bool,
+/// `array`'s views in pooled memory, to rewrite in place.
+fn copied_views<T: ByteViewType + ?Sized>(array: &GenericByteViewArray<T>) -> Vec<u128> {
+    let mut views: Vec<u128> = take_vec(array.len());
+    views.extend_from_slice(array.views());
+    views
+}
+
+/// Copies the bytes of the valid out-of-line `views` (`total` of them, at
+/// most `u32::MAX`) into one buffer from `data(bytes)` and points the
+/// views there, in place; null views become empty. Returns the buffers the
+/// views then name: that one, or none if no string is out of line.
+fn compact_in_place(
+    views: &mut [u128],
+    buffers: &[Buffer],
+    nulls: Option<&NullBuffer>,
     total: usize,
-) -> (Vec<u128>, Vec<u8>) {
-    let mut out: Vec<u128> = take_vec(views.len());
-    let mut data: Vec<u8> = take_vec(total + COPY_BLOCK_BYTES);
-    let dst = data.as_mut_ptr();
+    data: impl FnOnce(usize) -> OutputBuffer,
+) -> Vec<Buffer> {
+    assert!(total <= u32::MAX as usize, "view offsets are u32");
+    let is_valid = |i: usize| nulls.is_none_or(|n| n.is_valid(i));
+    let mut out = data(total + COPY_BLOCK_BYTES);
+    let bytes = out.bytes_mut();
+    let dst = bytes.as_mut_ptr();
     let mut at = 0usize;
-    for (i, &view) in views.iter().enumerate() {
+    for i in 0..views.len() {
         // Gathered views point anywhere in megabytes of strings: fetch the
         // bytes of a view ahead while this one copies.
         if let Some(&ahead) = views.get(i + PREFETCH_ROWS) {
@@ -238,13 +248,13 @@ fn compact_view_parts(
                 prefetch(b.as_ptr().wrapping_add((ahead >> 96) as u32 as usize));
             }
         }
+        let view = views[i];
         let len = view as u32 as usize;
         if len <= INLINE_BYTES_MAX as usize {
-            out.push(view);
             continue;
         }
         if !is_valid(i) {
-            out.push(0);
+            views[i] = 0;
             continue;
         }
         let index = (view >> 64) as u32 as usize;
@@ -255,7 +265,7 @@ fn compact_view_parts(
             "view {i} lies outside its buffer or the counted total"
         );
         // SAFETY: `src[start..start + len]` is in bounds (asserted), and so
-        // is the block copy's read when `start + 32 <= src.len()`; `data`
+        // is the block copy's read when `start + 32 <= src.len()`; `bytes`
         // has room for `total + 32` bytes and `at + len <= total`.
         unsafe {
             let from = src.as_ptr().add(start);
@@ -265,15 +275,17 @@ fn compact_view_parts(
                 std::ptr::copy_nonoverlapping(from, dst.add(at), len);
             }
         }
-        out.push((view & u64::MAX as u128) | ((at as u128) << 96));
+        views[i] = (view & u64::MAX as u128) | ((at as u128) << 96);
         at += len;
     }
     assert_eq!(at, total, "copied bytes match the counted total");
-    // SAFETY: bytes 0..total were each written by exactly one copy above
-    // (block copies spill only past their own string's end, which the next
-    // string overwrites or `total` excludes).
-    unsafe { data.set_len(total) };
-    (out, data)
+    // What block copies wrote past the last string is not the column's:
+    // zero it, since a chunk arena ships the whole region.
+    bytes[total..].fill(0);
+    match total {
+        0 => vec![],
+        _ => vec![out.into_buffer().slice_with_length(0, total)],
+    }
 }
 
 /// `array` with each data buffer its valid views reference listed once,
@@ -331,16 +343,64 @@ pub const SHRINK_SLACK_BYTES: usize = 4096;
 pub fn shrink_views<T: ByteViewType + ?Sized>(
     array: &GenericByteViewArray<T>,
 ) -> GenericByteViewArray<T> {
-    let buffers = array.data_buffers();
-    if buffers.iter().map(|b| b.len()).sum::<usize>() <= SHRINK_SLACK_BYTES {
-        return array.clone();
+    match plan_shrink(array.views(), array.data_buffers(), array.nulls()) {
+        Shrink::Keep => array.clone(),
+        Shrink::Compact { used } => compact_referenced(array, used),
+        Shrink::Renumber { kept, renumber } => renumbered(array, kept, &renumber),
     }
-    let (referenced, used) = buffer_use(array.views(), buffers.len(), array.nulls());
+}
+
+/// What [`shrink_views`] does to a view array.
+enum Shrink {
+    /// Nothing: buffers small, or each referenced once, in order.
+    Keep,
+    /// Copy the `used` bytes of the valid out-of-line strings into one
+    /// buffer.
+    Compact { used: usize },
+    /// List each referenced buffer once: `kept`, old index -> new index.
+    Renumber {
+        kept: Vec<Buffer>,
+        renumber: Vec<u32>,
+    },
+}
+
+/// Decides [`shrink_views`] for `views` over `buffers`: at most one pass
+/// over the views.
+fn plan_shrink(views: &[u128], buffers: &[Buffer], nulls: Option<&NullBuffer>) -> Shrink {
+    if buffers.iter().map(|b| b.len()).sum::<usize>() <= SHRINK_SLACK_BYTES {
+        return Shrink::Keep;
+    }
+    let (referenced, used) = buffer_use(views, buffers.len(), nulls);
     let (kept, renumber) = distinct_buffers(buffers, &referenced);
     let held: usize = kept.iter().map(|b| b.len()).sum();
-    match held > 2 * used + SHRINK_SLACK_BYTES {
-        true => compact_referenced(array, used),
-        false => renumbered(array, kept, &renumber),
+    if held > 2 * used + SHRINK_SLACK_BYTES {
+        Shrink::Compact { used }
+    } else if kept.len() == buffers.len() {
+        Shrink::Keep // each referenced once, in order: no change
+    } else {
+        Shrink::Renumber { kept, renumber }
+    }
+}
+
+/// [`shrink_views`] of the views being written in `views` (over `buffers`,
+/// validity `nulls`), in place: returns the data buffers the views name
+/// after. Compacted strings go to a buffer from `data(bytes)`; more than
+/// `u32::MAX` of them stay where they are.
+pub(crate) fn shrink_views_in_place(
+    views: &mut [u128],
+    buffers: &[Buffer],
+    nulls: Option<&NullBuffer>,
+    data: impl FnOnce(usize) -> OutputBuffer,
+) -> Vec<Buffer> {
+    match plan_shrink(views, buffers, nulls) {
+        Shrink::Compact { used } if used <= u32::MAX as usize => {
+            compact_in_place(views, buffers, nulls, used, data)
+        }
+        Shrink::Keep | Shrink::Compact { .. } => buffers.to_vec(),
+        Shrink::Renumber { kept, renumber } => {
+            renumber_in_place(views, nulls, &renumber);
+            kept
+        }
     }
 }
 
@@ -348,7 +408,7 @@ pub fn shrink_views<T: ByteViewType + ?Sized>(
 /// buffer index -> index in `kept`).
 fn renumbered<T: ByteViewType + ?Sized>(
     array: &GenericByteViewArray<T>,
-    kept: Vec<arrow::buffer::Buffer>,
+    kept: Vec<Buffer>,
     renumber: &[u32],
 ) -> GenericByteViewArray<T> {
     let views = array.views();
@@ -361,29 +421,33 @@ fn renumbered<T: ByteViewType + ?Sized>(
         // SAFETY: no view names a buffer.
         return unsafe { GenericByteViewArray::new_unchecked(views.clone(), kept, None) };
     }
-    let mut out: Vec<u128> = take_vec(views.len());
-    // Branch-free: strings inline or out of line alternate at random.
-    out.extend(views.iter().map(|&view| {
-        let long = view as u32 > INLINE_BYTES_MAX;
-        let index = (view >> 64) as u32 as usize * long as usize;
-        let renumbered = (view & !BUFFER_INDEX_BITS) | ((renumber[index] as u128) << 64);
-        if long {
-            renumbered
-        } else {
-            view
-        }
-    }));
-    if let Some(nulls) = nulls {
-        for row in (0..out.len()).filter(|&row| nulls.is_null(row)) {
-            out[row] = 0;
-        }
-    }
+    let mut out = copied_views(array);
+    renumber_in_place(&mut out, nulls, renumber);
     let views = ScalarBuffer::new(pooled_buffer(out), 0, array.len());
     // SAFETY: every valid out-of-line view keeps its length, prefix and
     // offset and names a buffer that is the same memory as the one it
     // named; inline views are unchanged and null views are empty. UTF-8
     // validity carries over.
     unsafe { GenericByteViewArray::new_unchecked(views, kept, nulls.cloned()) }
+}
+
+/// Renumbers the out-of-line views' buffer indices by `renumber`, in
+/// place; null views become empty.
+fn renumber_in_place(views: &mut [u128], nulls: Option<&NullBuffer>, renumber: &[u32]) {
+    // Branch-free: strings inline or out of line alternate at random.
+    for view in views.iter_mut() {
+        let long = *view as u32 > INLINE_BYTES_MAX;
+        let index = (*view >> 64) as u32 as usize * long as usize;
+        let renumbered = (*view & !BUFFER_INDEX_BITS) | ((renumber[index] as u128) << 64);
+        if long {
+            *view = renumbered;
+        }
+    }
+    if let Some(nulls) = nulls {
+        for row in (0..views.len()).filter(|&row| nulls.is_null(row)) {
+            views[row] = 0;
+        }
+    }
 }
 
 /// A view's buffer index (bits 64..96 of an out-of-line view).
@@ -416,11 +480,8 @@ fn buffer_use(
 
 /// The referenced buffers, each distinct one once (in first-reference
 /// order of the list), and each old index's new index.
-fn distinct_buffers(
-    buffers: &[arrow::buffer::Buffer],
-    referenced: &[bool],
-) -> (Vec<arrow::buffer::Buffer>, Vec<u32>) {
-    let mut kept: Vec<arrow::buffer::Buffer> = vec![];
+fn distinct_buffers(buffers: &[Buffer], referenced: &[bool]) -> (Vec<Buffer>, Vec<u32>) {
+    let mut kept: Vec<Buffer> = vec![];
     let mut index_of = std::collections::HashMap::new();
     // At least one entry: inline views read entry 0 and ignore it.
     let mut renumber = vec![u32::MAX; buffers.len().max(1)];
@@ -463,7 +524,7 @@ fn check_inline(view: u128, len: u32) -> Result<(), &'static str> {
 fn check_out_of_line(
     view: u128,
     len: u32,
-    buffers: &[arrow::buffer::Buffer],
+    buffers: &[Buffer],
     whole_utf8: &[bool],
 ) -> Result<(), &'static str> {
     let index = (view >> 64) as u32 as usize;

@@ -1,0 +1,380 @@
+//! [`ChunkArena`]: one allocation that holds every buffer of a batch, with
+//! room in front for a message header, so that the batch can be shipped as
+//! one contiguous message without copying its buffers.
+//!
+//! ```text
+//!  base        body                                   cursor
+//!   │ reserve   │ region │pad│ region │pad│ region    │ free …
+//!   └───────────┴────────┴───┴────────┴───┴───────────┴───────
+//!        ▲ header written here, ending at `body`, when sealed
+//!        └──────────── sealed chunk: [header | body .. cursor] ───┘
+//! ```
+//!
+//! Kernels that build a batch ([`crate::GatherSource::gather`]) take their
+//! output buffers from an arena with [`OutputBuffer::in_arena_or_pooled`].
+//! An encoder that finds the batch's buffers in an arena
+//! ([`ChunkArena::containing`]) writes the message header into the reserve
+//! ([`ChunkArena::seal`]) and ships `[header | body]` as it lies. Regions
+//! are 64-byte aligned and the gaps between them zeroed, so the body holds
+//! nothing but the batch's bytes and zeros.
+//!
+//! The memory comes from the scratch pool and returns to it when the last
+//! buffer or chunk that uses the arena is dropped.
+
+use std::ptr::NonNull;
+use std::sync::{Arc, Mutex, Weak};
+
+use arrow::buffer::Buffer;
+
+use crate::mem::{pooled_buffer, recycle, take_vec_filled};
+
+/// Alignment of every region in an arena (Arrow's buffer alignment).
+const REGION_ALIGN: usize = 64;
+
+/// One batch's buffers in one allocation, with a header reserve in front.
+///
+/// ```
+/// use insitu_kernels::arena::{ChunkArena, OutputBuffer};
+/// let arena = ChunkArena::new(64, 1024);
+/// let mut out = OutputBuffer::in_arena_or_pooled(Some(&arena), 100);
+/// out.bytes_mut().fill(7);
+/// let values = out.into_buffer();
+/// assert_eq!(arena.body_offset(&values), Some(0));
+/// let same = ChunkArena::containing(values.as_ptr()).expect("in the arena");
+/// let chunk = same.seal(&[1; 16]).expect("header fits the reserve");
+/// assert_eq!(chunk.len(), 16 + 104); // header, then 100 bytes padded to 8
+/// assert_eq!(&chunk[16..116], &[7; 100]);
+/// ```
+#[derive(Clone)]
+pub struct ChunkArena {
+    inner: Arc<Arena>,
+}
+
+struct Arena {
+    /// 64-byte aligned start of the header reserve.
+    base: NonNull<u8>,
+    /// Offset of the body from `base` (the reserve's size).
+    body: usize,
+    /// Bytes from `base` to the end of the allocation.
+    capacity: usize,
+    state: Mutex<ArenaState>,
+    /// The pooled allocation, returned to the pool on drop.
+    memory: Mutex<Vec<u128>>,
+}
+
+// SAFETY: `base` points into `memory`, which the arena owns; regions are
+// handed out disjoint (under the state lock) and written only through the
+// one `OutputBuffer` that owns each, before it becomes a shared `Buffer`.
+unsafe impl Send for Arena {}
+unsafe impl Sync for Arena {}
+impl std::panic::RefUnwindSafe for Arena {}
+
+#[derive(Default)]
+struct ArenaState {
+    /// End of the last region, from `base`.
+    cursor: usize,
+    /// Regions handed out and not yet turned into buffers (still written).
+    open: usize,
+    /// A header was written: no more regions.
+    sealed: bool,
+}
+
+/// Live arenas by address, so that an encoder can find the arena a batch's
+/// buffers lie in. A handful are alive at a time (the batches in flight).
+static LIVE: Mutex<Vec<(usize, usize, Weak<Arena>)>> = Mutex::new(Vec::new());
+
+fn live() -> std::sync::MutexGuard<'static, Vec<(usize, usize, Weak<Arena>)>> {
+    LIVE.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl ChunkArena {
+    /// An arena with `header_bytes_max` bytes reserved in front of a body
+    /// of `body_bytes`.
+    pub fn new(header_bytes_max: usize, body_bytes: usize) -> Self {
+        let body = header_bytes_max.next_multiple_of(REGION_ALIGN);
+        let capacity = body + body_bytes.next_multiple_of(REGION_ALIGN);
+        let mut memory: Vec<u128> = take_vec_filled((capacity + REGION_ALIGN) / 16);
+        let start = memory.as_mut_ptr() as *mut u8;
+        let skip = start.align_offset(REGION_ALIGN);
+        // SAFETY: `skip` < 64 and the allocation has 64 bytes to spare.
+        let base = NonNull::new(unsafe { start.add(skip) }).expect("a Vec's pointer is not null");
+        let inner = Arc::new(Arena {
+            base,
+            body,
+            capacity,
+            state: Mutex::new(ArenaState {
+                cursor: body,
+                ..ArenaState::default()
+            }),
+            memory: Mutex::new(memory),
+        });
+        let at = base.as_ptr() as usize;
+        live().push((at, at + capacity, Arc::downgrade(&inner)));
+        ChunkArena { inner }
+    }
+
+    /// The live arena whose memory holds `ptr`, if any.
+    pub fn containing(ptr: *const u8) -> Option<ChunkArena> {
+        let at = ptr as usize;
+        live()
+            .iter()
+            .find(|(start, end, _)| (*start..*end).contains(&at))
+            .and_then(|(_, _, arena)| arena.upgrade())
+            .map(|inner| ChunkArena { inner })
+    }
+
+    /// A region of `bytes` bytes (64-byte aligned; content unspecified until
+    /// written), or `None` if the arena is full or sealed.
+    pub fn alloc(&self, bytes: usize) -> Option<OutputBuffer> {
+        let mut state = self.inner.lock_state();
+        let start = state.cursor.next_multiple_of(REGION_ALIGN);
+        let end = start.checked_add(bytes)?;
+        if state.sealed || end > self.inner.capacity {
+            return None;
+        }
+        // SAFETY: the gap lies within the allocation, past every region
+        // handed out, so nothing else reads or writes it.
+        unsafe {
+            let gap = self.inner.base.as_ptr().add(state.cursor);
+            std::ptr::write_bytes(gap, 0, start - state.cursor);
+        }
+        state.cursor = end;
+        state.open += 1;
+        Some(OutputBuffer(Some(Out::Region {
+            arena: Arc::clone(&self.inner),
+            start,
+            bytes,
+        })))
+    }
+
+    /// Where `bytes` starts in the body, if all of it lies in a region.
+    pub fn body_offset(&self, bytes: &[u8]) -> Option<usize> {
+        let body = self.inner.base.as_ptr() as usize + self.inner.body;
+        let end = self.inner.base.as_ptr() as usize + self.inner.lock_state().cursor;
+        let at = bytes.as_ptr() as usize;
+        (at >= body && at + bytes.len() <= end).then(|| at - body)
+    }
+
+    /// Bytes of the body so far: every region, padded to 8 bytes.
+    pub fn body_len(&self) -> usize {
+        self.inner.lock_state().cursor.next_multiple_of(8) - self.inner.body
+    }
+
+    /// Writes `header` just in front of the body and returns
+    /// `[header | body]` ([`ChunkArena::body_len`] bytes of body); `None`
+    /// if the header does not fit the reserve, the arena was sealed
+    /// before, or a region is still being written. No region is handed
+    /// out after.
+    pub fn seal(&self, header: &[u8]) -> Option<Buffer> {
+        let mut state = self.inner.lock_state();
+        if state.sealed || state.open > 0 || header.len() > self.inner.body {
+            return None;
+        }
+        state.sealed = true;
+        let end = state.cursor.next_multiple_of(8);
+        let start = self.inner.body - header.len();
+        // SAFETY: the header's bytes lie in the reserve and the padding
+        // past the cursor in the allocation (the capacity is a multiple
+        // of 64); no region covers either.
+        unsafe {
+            let base = self.inner.base.as_ptr();
+            std::ptr::write_bytes(base.add(state.cursor), 0, end - state.cursor);
+            std::ptr::copy_nonoverlapping(header.as_ptr(), base.add(start), header.len());
+        }
+        Some(self.inner.buffer(start, end - start))
+    }
+}
+
+impl Arena {
+    fn lock_state(&self) -> std::sync::MutexGuard<'_, ArenaState> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// `len` bytes from `start` (from `base`) as a buffer that keeps the
+    /// arena alive.
+    fn buffer(self: &Arc<Self>, start: usize, len: usize) -> Buffer {
+        // SAFETY: `start + len` lies within the allocation, whose bytes are
+        // initialized (a pooled Vec of that length); the owner keeps it.
+        unsafe {
+            let ptr = NonNull::new_unchecked(self.base.as_ptr().add(start));
+            Buffer::from_custom_allocation(ptr, len, Arc::clone(self) as _)
+        }
+    }
+}
+
+impl Drop for Arena {
+    fn drop(&mut self) {
+        let at = self.base.as_ptr() as usize;
+        live().retain(|(start, _, _)| *start != at);
+        let memory = std::mem::take(self.memory.get_mut().unwrap_or_else(|e| e.into_inner()));
+        recycle(memory);
+    }
+}
+
+/// A buffer being written by one owner: a region of a [`ChunkArena`], or
+/// pooled memory when there is no arena or it has no room.
+pub struct OutputBuffer(Option<Out>);
+
+enum Out {
+    Pooled {
+        memory: Vec<u128>,
+        bytes: usize,
+    },
+    Region {
+        arena: Arc<Arena>,
+        start: usize,
+        bytes: usize,
+    },
+}
+
+impl OutputBuffer {
+    /// `bytes` bytes of pooled memory, 16-byte aligned.
+    pub fn pooled(bytes: usize) -> Self {
+        OutputBuffer(Some(Out::Pooled {
+            memory: take_vec_filled(bytes.div_ceil(16)),
+            bytes,
+        }))
+    }
+
+    /// `bytes` bytes from `arena` if it has room, else pooled.
+    pub fn in_arena_or_pooled(arena: Option<&ChunkArena>, bytes: usize) -> Self {
+        arena
+            .and_then(|a| a.alloc(bytes))
+            .unwrap_or_else(|| Self::pooled(bytes))
+    }
+
+    /// Whether the buffer is a region of an arena.
+    pub fn in_arena(&self) -> bool {
+        matches!(self.0, Some(Out::Region { .. }))
+    }
+
+    /// The buffer's bytes, to write (content unspecified until written).
+    pub fn bytes_mut(&mut self) -> &mut [u8] {
+        match self.0.as_mut().expect("not yet a buffer") {
+            Out::Pooled { memory, bytes } => &mut as_bytes_mut(memory)[..*bytes],
+            // SAFETY: the region lies in the arena's initialized memory, and
+            // this buffer is its only user until `into_buffer`.
+            Out::Region {
+                arena,
+                start,
+                bytes,
+            } => unsafe { std::slice::from_raw_parts_mut(arena.base.as_ptr().add(*start), *bytes) },
+        }
+    }
+
+    /// The buffer's bytes as 16-byte values (views); the length must be a
+    /// multiple of 16.
+    pub fn u128s_mut(&mut self) -> &mut [u128] {
+        let bytes = self.bytes_mut();
+        assert!(
+            bytes.len().is_multiple_of(16),
+            "{} bytes are not whole u128s",
+            bytes.len()
+        );
+        assert!(
+            bytes.as_ptr().cast::<u128>().is_aligned(),
+            "16-byte aligned"
+        );
+        // SAFETY: aligned (asserted), the length covers whole values, and
+        // any bits are a valid u128.
+        unsafe { std::slice::from_raw_parts_mut(bytes.as_mut_ptr().cast(), bytes.len() / 16) }
+    }
+
+    /// The written bytes as an Arrow buffer (shared from now on).
+    pub fn into_buffer(mut self) -> Buffer {
+        match self.0.take().expect("not yet a buffer") {
+            Out::Pooled { memory, bytes } => pooled_buffer(memory).slice_with_length(0, bytes),
+            Out::Region {
+                arena,
+                start,
+                bytes,
+            } => {
+                let buffer = arena.buffer(start, bytes);
+                arena.lock_state().open -= 1;
+                buffer
+            }
+        }
+    }
+}
+
+impl Drop for OutputBuffer {
+    /// A region dropped unwritten is closed (it stays in the body, unused).
+    fn drop(&mut self) {
+        if let Some(Out::Region { arena, .. }) = &self.0 {
+            arena.lock_state().open -= 1;
+        }
+    }
+}
+
+fn as_bytes_mut(v: &mut [u128]) -> &mut [u8] {
+    crate::gather::as_bytes_mut(v)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn filled(arena: &ChunkArena, bytes: usize, byte: u8) -> Option<Buffer> {
+        let mut out = arena.alloc(bytes)?;
+        out.bytes_mut().fill(byte);
+        Some(out.into_buffer())
+    }
+
+    /// Regions are aligned, the gaps between them zeroed, and the sealed
+    /// chunk is the header followed by exactly the body.
+    #[test]
+    fn a_sealed_chunk_is_the_header_then_the_regions_and_zeroed_gaps() {
+        let arena = ChunkArena::new(100, 300);
+        let a = filled(&arena, 10, 0xAA).unwrap();
+        let b = filled(&arena, 3, 0xBB).unwrap();
+        assert_eq!(arena.body_offset(&a), Some(0));
+        assert_eq!(arena.body_offset(&b), Some(64));
+        assert_eq!(arena.body_len(), 72);
+        let chunk = arena.seal(&[9; 24]).unwrap();
+        let mut want = vec![9u8; 24];
+        want.extend([0xAA; 10]);
+        want.extend([0; 54]);
+        want.extend([0xBB; 3]);
+        want.extend([0; 5]);
+        assert_eq!(chunk.as_slice(), &want[..]);
+        assert!(arena.alloc(1).is_none(), "no region after sealing");
+        assert!(arena.seal(&[9; 8]).is_none(), "sealed once");
+    }
+
+    #[test]
+    fn refuses_what_does_not_fit() {
+        let arena = ChunkArena::new(16, 128);
+        assert!(filled(&arena, 100, 1).is_some());
+        assert!(arena.alloc(65).is_none(), "past the capacity");
+        assert!(arena.seal(&[0; 72]).is_none(), "header past the reserve");
+        let fallback = OutputBuffer::in_arena_or_pooled(Some(&arena), 65);
+        assert!(!fallback.in_arena());
+        let outside = [0u8; 8];
+        assert_eq!(arena.body_offset(&outside), None);
+    }
+
+    #[test]
+    fn no_seal_while_a_region_is_written() {
+        let arena = ChunkArena::new(64, 64);
+        let open = arena.alloc(8).unwrap();
+        assert!(arena.seal(&[0; 8]).is_none());
+        drop(open.into_buffer());
+        assert!(arena.seal(&[0; 8]).is_some());
+    }
+
+    #[test]
+    fn a_dropped_arena_is_no_longer_found() {
+        let arena = ChunkArena::new(64, 64);
+        let buffer = filled(&arena, 8, 1).unwrap();
+        let at = buffer.as_ptr();
+        let weak = Arc::downgrade(&arena.inner);
+        drop(arena);
+        let found = ChunkArena::containing(at).expect("kept alive by its buffer");
+        assert!(Arc::ptr_eq(&found.inner, &weak.upgrade().unwrap()));
+        drop((found, buffer));
+        assert!(weak.upgrade().is_none());
+        // Another test's arena may reuse the memory, but not this one.
+        assert!(ChunkArena::containing(at)
+            .is_none_or(|a| !Weak::ptr_eq(&Arc::downgrade(&a.inner), &weak)));
+    }
+}
