@@ -28,11 +28,12 @@ mod tests {
     use super::*;
     use std::sync::Arc;
 
-    use arrow::array::{ArrayRef, Float64Array, Int32Array, StringArray};
+    use arrow::array::{ArrayRef, Float64Array, Int32Array, StringArray, StringViewArray};
     use arrow::record_batch::RecordBatch;
     use arrow_flight::decode::{DecodedPayload, FlightDataDecoder};
     use futures::StreamExt;
     use insitu_device::IpcChunker;
+    use insitu_kernels::GatherSource;
 
     fn batch(n: usize) -> RecordBatch {
         let ints: ArrayRef = Arc::new(Int32Array::from_iter(
@@ -48,20 +49,39 @@ mod tests {
         let strings: ArrayRef = Arc::new(StringArray::from_iter(
             (0..n).map(|i| (i % 4 != 0).then(|| format!("value number {i}"))),
         ));
+        let views: ArrayRef =
+            Arc::new(StringViewArray::from_iter((0..n).map(|i| {
+                (i % 6 != 1).then(|| format!("a view past twelve bytes, {i}"))
+            })));
         RecordBatch::try_from_iter_with_nullable([
             ("i", ints, true),
             ("f", floats, false),
             ("s", strings, true),
+            ("v", views, true),
         ])
         .unwrap()
+    }
+
+    /// `batch` gathered in reverse by the kernels' `GatherSource`, so that
+    /// the chunker encodes it in its arena.
+    fn gathered(batch: &RecordBatch) -> RecordBatch {
+        let source = GatherSource::new(batch.schema(), std::slice::from_ref(batch)).unwrap();
+        let order: Vec<u32> = (0..batch.num_rows() as u32).rev().collect();
+        source.gather(&order).unwrap()
     }
 
     /// The chunks a device sends, split into Flight messages, decode with
     /// arrow-flight's own decoder into the same batches.
     #[tokio::test]
     async fn device_chunks_decode_as_a_flight_stream() {
-        for sizes in [vec![], vec![1], vec![0, 2, 7], vec![49, 50, 51, 1000]] {
-            let input: Vec<RecordBatch> = sizes.iter().map(|n| batch(*n)).collect();
+        let cases = [vec![], vec![1], vec![0, 2, 7], vec![49, 50, 51, 1000]];
+        for (sizes, gather) in cases.iter().flat_map(|s| [(s, false), (s, true)]) {
+            let input: Vec<RecordBatch> = (sizes.iter())
+                .map(|n| match gather {
+                    true => gathered(&batch(*n)),
+                    false => batch(*n),
+                })
+                .collect();
             let schema = batch(0).schema();
             let mut chunker = IpcChunker::start(&schema).unwrap();
             let mut chunks = vec![];

@@ -21,6 +21,7 @@
 //! The memory comes from the scratch pool and returns to it when the last
 //! buffer or chunk that uses the arena is dropped.
 
+use std::collections::BTreeMap;
 use std::ptr::NonNull;
 use std::sync::{Arc, Mutex, Weak};
 
@@ -79,11 +80,12 @@ struct ArenaState {
     sealed: bool,
 }
 
-/// Live arenas by address, so that an encoder can find the arena a batch's
-/// buffers lie in. A handful are alive at a time (the batches in flight).
-static LIVE: Mutex<Vec<(usize, usize, Weak<Arena>)>> = Mutex::new(Vec::new());
+/// Live arenas by start address (with their end), so that an encoder can
+/// find the arena a batch's buffers lie in: the batches in flight, and the
+/// chunks a host still holds (hundreds for a large sorted result).
+static LIVE: Mutex<BTreeMap<usize, (usize, Weak<Arena>)>> = Mutex::new(BTreeMap::new());
 
-fn live() -> std::sync::MutexGuard<'static, Vec<(usize, usize, Weak<Arena>)>> {
+fn live() -> std::sync::MutexGuard<'static, BTreeMap<usize, (usize, Weak<Arena>)>> {
     LIVE.lock().unwrap_or_else(|e| e.into_inner())
 }
 
@@ -109,17 +111,18 @@ impl ChunkArena {
             memory: Mutex::new(memory),
         });
         let at = base.as_ptr() as usize;
-        live().push((at, at + capacity, Arc::downgrade(&inner)));
+        live().insert(at, (at + capacity, Arc::downgrade(&inner)));
         ChunkArena { inner }
     }
 
     /// The live arena whose memory holds `ptr`, if any.
     pub fn containing(ptr: *const u8) -> Option<ChunkArena> {
         let at = ptr as usize;
-        live()
-            .iter()
-            .find(|(start, end, _)| (*start..*end).contains(&at))
-            .and_then(|(_, _, arena)| arena.upgrade())
+        let live = live();
+        let (_, (end, arena)) = live.range(..=at).next_back()?;
+        (at < *end)
+            .then(|| arena.upgrade())
+            .flatten()
             .map(|inner| ChunkArena { inner })
     }
 
@@ -205,7 +208,7 @@ impl Arena {
 impl Drop for Arena {
     fn drop(&mut self) {
         let at = self.base.as_ptr() as usize;
-        live().retain(|(start, _, _)| *start != at);
+        live().remove(&at);
         let memory = std::mem::take(self.memory.get_mut().unwrap_or_else(|e| e.into_inner()));
         recycle(memory);
     }
