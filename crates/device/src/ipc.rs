@@ -141,8 +141,9 @@ fn encode_in_place(batch: &RecordBatch) -> Option<Bytes> {
     for column in batch.columns() {
         body.add(&column.to_data(), &arena)?;
     }
-    let header = body.header(batch.num_rows(), arena.body_len());
-    let chunk = arena.seal(&header)?;
+    let body_len = arena.body_len();
+    let header = body.header(batch.num_rows(), body_len);
+    let chunk = arena.seal(&header, body_len)?;
     Some(Bytes::from_owner(BufferBytes(chunk)))
 }
 
@@ -233,7 +234,7 @@ impl BodyLayout {
         let meta = fbb.finished_data();
         let padded = meta.len().next_multiple_of(8);
         let mut header = Vec::with_capacity(8 + padded);
-        header.extend_from_slice(&CONTINUATION.to_le_bytes());
+        header.extend_from_slice(&IPC_CONTINUATION.to_le_bytes());
         header.extend_from_slice(&(padded as u32).to_le_bytes());
         header.extend_from_slice(meta);
         header.resize(8 + padded, 0);
@@ -242,7 +243,7 @@ impl BodyLayout {
 }
 
 /// Marks a message prefix in the IPC stream format.
-const CONTINUATION: u32 = 0xFFFF_FFFF;
+pub const IPC_CONTINUATION: u32 = 0xFFFF_FFFF;
 
 /// An Arrow buffer as the owner of a `Bytes`.
 pub(crate) struct BufferBytes(pub(crate) Buffer);
@@ -580,7 +581,7 @@ mod tests {
         );
         let sealed = ChunkArena::new(1024, 4096);
         let first = in_arena(&sealed, &values);
-        assert!(sealed.seal(&[0; 8]).is_some());
+        assert!(sealed.seal(&[0; 8], sealed.body_len()).is_some());
         let batches = [
             RecordBatch::try_from_iter([("a", Arc::new(in_arena(&tiny_reserve, &values)) as _)])
                 .unwrap(),

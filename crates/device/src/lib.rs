@@ -51,7 +51,7 @@ use tokio::sync::mpsc;
 pub use error::{DeviceError, DeviceErrorKind, DeviceResult};
 pub use hybrid_sort::HybridSortExec;
 pub use insitu_wire::StageStats;
-pub use ipc::{batch_to_ipc, ipc_to_batch, IpcChunker, RESULT_CHUNK_BYTES_MAX};
+pub use ipc::{batch_to_ipc, ipc_to_batch, IpcChunker, IPC_CONTINUATION, RESULT_CHUNK_BYTES_MAX};
 pub use sort::{use_kernel_sorts, KernelSortExec, SortConfig};
 
 use binder::{DeviceBinder, VerifiedSet};

@@ -28,9 +28,7 @@ use arrow::error::ArrowError;
 use arrow_data::UnsafeFlag;
 use arrow_ipc::reader::{read_dictionary, RecordBatchDecoder};
 use arrow_ipc::MessageHeader;
-
-/// Marks a message prefix in the IPC stream format.
-const CONTINUATION: u32 = 0xFFFF_FFFF;
+use insitu_device::IPC_CONTINUATION;
 
 /// Reads a device's IPC result stream, chunk by chunk.
 #[derive(Debug, Default)]
@@ -145,7 +143,7 @@ pub fn message_spans(chunk: &[u8]) -> Result<Vec<MessageSpan>, ArrowError> {
     while at < chunk.len() {
         // Streams from before format 0.15 have no continuation marker.
         let (len, header_at) = match word(at)? {
-            CONTINUATION => (word(at + 4)? as usize, at + 8),
+            IPC_CONTINUATION => (word(at + 4)? as usize, at + 8),
             len => (len as usize, at + 4),
         };
         let header = header_at..header_at + len;

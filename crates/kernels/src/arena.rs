@@ -42,7 +42,8 @@ const REGION_ALIGN: usize = 64;
 /// let values = out.into_buffer();
 /// assert_eq!(arena.body_offset(&values), Some(0));
 /// let same = ChunkArena::containing(values.as_ptr()).expect("in the arena");
-/// let chunk = same.seal(&[1; 16]).expect("header fits the reserve");
+/// assert_eq!(arena.body_len(), 104); // 100 bytes padded to 8
+/// let chunk = same.seal(&[1; 16], 104).expect("header fits the reserve");
 /// assert_eq!(chunk.len(), 16 + 104); // header, then 100 bytes padded to 8
 /// assert_eq!(&chunk[16..116], &[7; 100]);
 /// ```
@@ -60,7 +61,7 @@ struct Arena {
     capacity: usize,
     state: Mutex<ArenaState>,
     /// The pooled allocation, returned to the pool on drop.
-    memory: Mutex<Vec<u128>>,
+    memory: Vec<u128>,
 }
 
 // SAFETY: `base` points into `memory`, which the arena owns; regions are
@@ -108,7 +109,7 @@ impl ChunkArena {
                 cursor: body,
                 ..ArenaState::default()
             }),
-            memory: Mutex::new(memory),
+            memory,
         });
         let at = base.as_ptr() as usize;
         live().insert(at, (at + capacity, Arc::downgrade(&inner)));
@@ -164,17 +165,21 @@ impl ChunkArena {
     }
 
     /// Writes `header` just in front of the body and returns
-    /// `[header | body]` ([`ChunkArena::body_len`] bytes of body); `None`
-    /// if the header does not fit the reserve, the arena was sealed
-    /// before, or a region is still being written. No region is handed
-    /// out after.
-    pub fn seal(&self, header: &[u8]) -> Option<Buffer> {
+    /// `[header | body]`; `None` if the body is no longer `body_len` bytes
+    /// (what the header was written for: [`ChunkArena::body_len`]), the
+    /// header does not fit the reserve, the arena was sealed before, or a
+    /// region is still being written. No region is handed out after.
+    pub fn seal(&self, header: &[u8], body_len: usize) -> Option<Buffer> {
         let mut state = self.inner.lock_state();
-        if state.sealed || state.open > 0 || header.len() > self.inner.body {
+        let end = state.cursor.next_multiple_of(8);
+        if state.sealed
+            || state.open > 0
+            || header.len() > self.inner.body
+            || end - self.inner.body != body_len
+        {
             return None;
         }
         state.sealed = true;
-        let end = state.cursor.next_multiple_of(8);
         let start = self.inner.body - header.len();
         // SAFETY: the header's bytes lie in the reserve and the padding
         // past the cursor in the allocation (the capacity is a multiple
@@ -209,8 +214,7 @@ impl Drop for Arena {
     fn drop(&mut self) {
         let at = self.base.as_ptr() as usize;
         live().remove(&at);
-        let memory = std::mem::take(self.memory.get_mut().unwrap_or_else(|e| e.into_inner()));
-        recycle(memory);
+        recycle(std::mem::take(&mut self.memory));
     }
 }
 
@@ -333,7 +337,11 @@ mod tests {
         assert_eq!(arena.body_offset(&a), Some(0));
         assert_eq!(arena.body_offset(&b), Some(64));
         assert_eq!(arena.body_len(), 72);
-        let chunk = arena.seal(&[9; 24]).unwrap();
+        assert!(
+            arena.seal(&[9; 24], 64).is_none(),
+            "header for another body"
+        );
+        let chunk = arena.seal(&[9; 24], 72).unwrap();
         let mut want = vec![9u8; 24];
         want.extend([0xAA; 10]);
         want.extend([0; 54]);
@@ -341,7 +349,7 @@ mod tests {
         want.extend([0; 5]);
         assert_eq!(chunk.as_slice(), &want[..]);
         assert!(arena.alloc(1).is_none(), "no region after sealing");
-        assert!(arena.seal(&[9; 8]).is_none(), "sealed once");
+        assert!(arena.seal(&[9; 8], 72).is_none(), "sealed once");
     }
 
     #[test]
@@ -349,7 +357,11 @@ mod tests {
         let arena = ChunkArena::new(16, 128);
         assert!(filled(&arena, 100, 1).is_some());
         assert!(arena.alloc(65).is_none(), "past the capacity");
-        assert!(arena.seal(&[0; 72]).is_none(), "header past the reserve");
+        let body_len = arena.body_len();
+        assert!(
+            arena.seal(&[0; 72], body_len).is_none(),
+            "header past the reserve"
+        );
         let fallback = OutputBuffer::in_arena_or_pooled(Some(&arena), 65);
         assert!(!fallback.in_arena());
         let outside = [0u8; 8];
@@ -360,9 +372,9 @@ mod tests {
     fn no_seal_while_a_region_is_written() {
         let arena = ChunkArena::new(64, 64);
         let open = arena.alloc(8).unwrap();
-        assert!(arena.seal(&[0; 8]).is_none());
+        assert!(arena.seal(&[0; 8], 8).is_none());
         drop(open.into_buffer());
-        assert!(arena.seal(&[0; 8]).is_some());
+        assert!(arena.seal(&[0; 8], 8).is_some());
     }
 
     #[test]
