@@ -282,14 +282,11 @@ pub fn shrink_view_columns(batch: &RecordBatch) -> Result<RecordBatch, ArrowErro
 }
 
 /// Whether view array `array` is all of what a gather wrote into a chunk
-/// arena (its views in one, exactly its rows': not a slice).
+/// arena: its views are one whole region of an arena (a slice's are not).
 fn whole_in_arena(array: &ArrayRef) -> bool {
     let data = array.to_data();
-    let values = &data.buffers()[0];
-    data.offset() == 0
-        && values.len() == data.len() * 16
-        && !values.is_empty()
-        && ChunkArena::containing(values.as_ptr()).is_some()
+    let views = &data.buffers()[0].as_slice()[data.offset() * 16..][..data.len() * 16];
+    !views.is_empty() && ChunkArena::containing(views.as_ptr()).is_some_and(|a| a.is_region(views))
 }
 
 /// One batch as a complete Arrow IPC stream (small answers: key samples).
@@ -557,6 +554,20 @@ mod tests {
         let reader = arrow::ipc::reader::StreamReader::try_new(&stream[..], None).unwrap();
         let read: Vec<RecordBatch> = reader.map(|b| b.unwrap()).collect();
         assert_eq!(read, want);
+        // A gathered column ships as the gather shrank it; a slice of it
+        // is shrunk again to its own strings.
+        let gathered = source.gather(&order[..1500]).unwrap();
+        let data_of = |b: &RecordBatch| b.column(2).as_string_view().data_buffers().to_vec();
+        let kept = data_of(&shrink_view_columns(&gathered).unwrap());
+        assert!(kept[0].ptr_eq(&data_of(&gathered)[0]), "not copied again");
+        for slice in [gathered.slice(0, 10), gathered.slice(5, 10)] {
+            let used: usize = (slice.column(2).as_string_view().iter())
+                .flatten()
+                .map(|s| s.len())
+                .sum();
+            let shrunk = data_of(&shrink_view_columns(&slice).unwrap());
+            assert_eq!(shrunk.iter().map(|b| b.len()).sum::<usize>(), used);
+        }
     }
 
     /// A batch in an arena whose reserve cannot hold the header, or with a

@@ -79,6 +79,8 @@ struct ArenaState {
     open: usize,
     /// A header was written: no more regions.
     sealed: bool,
+    /// Each region handed out, `(start from base, bytes)`, in order.
+    regions: Vec<(usize, usize)>,
 }
 
 /// Live arenas by start address (with their end), so that an encoder can
@@ -144,6 +146,7 @@ impl ChunkArena {
         }
         state.cursor = end;
         state.open += 1;
+        state.regions.push((start, bytes));
         Some(OutputBuffer(Some(Out::Region {
             arena: Arc::clone(&self.inner),
             start,
@@ -157,6 +160,17 @@ impl ChunkArena {
         let end = self.inner.base.as_ptr() as usize + self.inner.lock_state().cursor;
         let at = bytes.as_ptr() as usize;
         (at >= body && at + bytes.len() <= end).then(|| at - body)
+    }
+
+    /// Whether `bytes` is exactly one region of this arena (not part of
+    /// one: a slice of an array written there is not).
+    pub fn is_region(&self, bytes: &[u8]) -> bool {
+        let Some(at) = (bytes.as_ptr() as usize).checked_sub(self.inner.base.as_ptr() as usize)
+        else {
+            return false;
+        };
+        let state = self.inner.lock_state();
+        state.regions.binary_search(&(at, bytes.len())).is_ok()
     }
 
     /// Bytes of the body so far: every region, padded to 8 bytes.
@@ -336,6 +350,8 @@ mod tests {
         let b = filled(&arena, 3, 0xBB).unwrap();
         assert_eq!(arena.body_offset(&a), Some(0));
         assert_eq!(arena.body_offset(&b), Some(64));
+        assert!(arena.is_region(&a) && arena.is_region(&b));
+        assert!(!arena.is_region(&a[..9]) && !arena.is_region(&a[1..]));
         assert_eq!(arena.body_len(), 72);
         assert!(
             arena.seal(&[9; 24], 64).is_none(),
