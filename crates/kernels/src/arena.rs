@@ -27,6 +27,7 @@ use std::sync::{Arc, Mutex, Weak};
 
 use arrow::buffer::Buffer;
 
+use crate::gather::as_bytes_mut;
 use crate::mem::{pooled_buffer, recycle, take_vec_filled};
 
 /// Alignment of every region in an arena (Arrow's buffer alignment).
@@ -325,10 +326,6 @@ impl Drop for OutputBuffer {
             arena.lock_state().open -= 1;
         }
     }
-}
-
-fn as_bytes_mut(v: &mut [u128]) -> &mut [u8] {
-    crate::gather::as_bytes_mut(v)
 }
 
 #[cfg(test)]
