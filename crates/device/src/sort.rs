@@ -8,7 +8,9 @@
 //!     |  2. evaluate the sort keys, argsort them (radix, dictionary ranks,
 //!     |     row keys for several columns; top-k by selection)
 //!     |  3. shuffle: gather every column by the sorted indices, one
-//!     |     output batch at a time
+//!     |     output batch at a time; or, for an order of few ascending
+//!     |     runs (a key of few values), scatter every row to its place
+//!     |     in all output batches at once
 //!     |  past the budget, with a spill directory: 1-3 on what fits, write
 //!     |  it as a sorted run, go on; at the end merge the runs (crate::spill)
 //!   input (coalesced to one partition)
@@ -440,7 +442,9 @@ impl SortJob {
                 let kept: Vec<RecordBatch> = slices_of(&batches, rows, usize::MAX).collect();
                 Ok(concat_batches(&self.schema, &kept)?)
             }
-            Sorted::Gather { source, order } => Ok(source.gather(&order)?),
+            Sorted::Gather { source, order } | Sorted::Scatter { source, order } => {
+                Ok(source.gather(&order)?)
+            }
         }
     }
 
@@ -470,6 +474,21 @@ impl SortJob {
                         source.gather(chunk)?
                     };
                     if !send(batch) {
+                        break;
+                    }
+                }
+            }
+            Sorted::Scatter { source, order } => {
+                let mut batches = {
+                    let _timer = self.metrics.elapsed_compute().timer();
+                    source.scatter(&order, batch_rows)?
+                };
+                loop {
+                    let batch = {
+                        let _timer = self.metrics.elapsed_compute().timer();
+                        batches.next().transpose()?
+                    };
+                    if !batch.is_some_and(send) {
                         break;
                     }
                 }
@@ -522,10 +541,19 @@ impl SortJob {
         // memory (ORDER BY l_orderkey on TPC-H lineitem, which is generated
         // in that order, before it went out as it is: 1.01-1.05 s instead
         // of 1.12-1.19 s, SF1 on two devices, medians of 5).
-        let layout = SourceLayout::for_order(&order);
+        // An order of few ascending runs (a key of few values) is written
+        // at once by scattering, in one pass over the input; a top-k's
+        // few rows are gathered from the batches instead.
+        let layout = match SourceLayout::for_order(&order) {
+            SourceLayout::Scattered if order.len() < rows => SourceLayout::Columns,
+            layout => layout,
+        };
         let source = GatherSource::with_layout(Arc::clone(&self.schema), &batches, layout)?;
         drop(batches);
-        Ok(Sorted::Gather { source, order })
+        Ok(match layout {
+            SourceLayout::Scattered => Sorted::Scatter { source, order },
+            _ => Sorted::Gather { source, order },
+        })
     }
 }
 
@@ -558,6 +586,12 @@ enum Sorted {
     },
     /// The input prepared for gathering, and the order to gather it in.
     Gather {
+        source: GatherSource,
+        order: Vec<u32>,
+    },
+    /// The input left in its batches, and an order of few ascending runs
+    /// (all of its rows) to scatter them in.
+    Scatter {
         source: GatherSource,
         order: Vec<u32>,
     },
@@ -739,6 +773,45 @@ mod tests {
         assert_eq!(SourceLayout::for_order(&ascending), SourceLayout::Columns);
         assert!(is_identity(&ascending) && is_identity(&[]));
         assert!(!is_identity(&[0, 2, 1]) && !is_identity(&[1]));
+    }
+
+    /// Sorted by a key of few values (then by the row's id, so the order
+    /// is a few ascending runs), the input is scattered: batches of the
+    /// largest power of two of rows up to the session's batch size. The
+    /// answer is DataFusion's.
+    #[tokio::test]
+    async fn kernel_sort_by_a_key_of_few_values_scatters() {
+        let (schema, batches) = input(12, 7_001);
+        let partitions = vec![batches];
+        let source =
+            || MemorySourceConfig::try_new_exec(&partitions, Arc::clone(&schema), None).unwrap();
+        let key = |name: &str, descending: bool| PhysicalSortExpr {
+            expr: col(name, &schema).unwrap(),
+            options: SortOptions {
+                descending,
+                nulls_first: false,
+            },
+        };
+        let order = LexOrdering::new(vec![key("s", true), key("id", false)]).unwrap();
+        for fetch in [None, Some(5000)] {
+            let plan = Arc::new(KernelSortExec::new(source(), order.clone(), fetch, 2));
+            let config = datafusion::prelude::SessionConfig::new().with_batch_size(1000);
+            let ctx = SessionContext::new_with_config(config);
+            let out = collect(plan, ctx.task_ctx()).await.unwrap();
+            let ours = concat_batches(&schema, &out).unwrap();
+            let reference = run(Arc::new(
+                SortExec::new(order.clone(), source()).with_fetch(fetch),
+            ))
+            .await;
+            assert_eq!(ours, reference, "fetch {fetch:?}");
+            if fetch.is_none() {
+                let sizes: Vec<usize> = out.iter().map(|b| b.num_rows()).collect();
+                assert!(
+                    sizes[..sizes.len() - 1].iter().all(|&n| n == 512),
+                    "{sizes:?}"
+                );
+            }
+        }
     }
 
     #[test]

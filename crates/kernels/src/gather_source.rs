@@ -27,7 +27,9 @@
 //! nearly sorted, such as a table clustered on the key) reads every column
 //! as a stream anyway; for it [`SourceLayout::Columns`] skips the packing,
 //! and its copy into fresh memory, and gathers each fixed-width column
-//! from the batches where it lies.
+//! from the batches where it lies. An order of few ascending runs (a key
+//! of few values) is written whole by [`GatherSource::scatter`] instead
+//! ([`SourceLayout::Scattered`], in `scatter.rs`).
 
 use std::sync::Arc;
 
@@ -48,6 +50,9 @@ use crate::gather::{
 use crate::mem::{pooled_buffer, recycle, take_vec, take_vec_filled};
 use crate::views::shrink_views_in_place;
 use crate::SHRINK_SLACK_BYTES;
+
+mod scatter;
+pub use scatter::ScatteredBatches;
 
 /// Batches prepared for repeated gathers; row `i` of the source is row
 /// `i - start(b)` of the batch `b` holding it, batches in the order given.
@@ -86,6 +91,11 @@ pub enum SourceLayout {
     /// pass and no memory for packed rows. For orders that read the
     /// batches nearly row by row.
     Columns,
+    /// Left in the batches as for `Columns`, for an order of few ascending
+    /// runs (a stable sort of a key with few values) to be written by
+    /// [`GatherSource::scatter`]: each column read once as a stream, each
+    /// run written as one.
+    Scattered,
 }
 
 /// An order reads its batches nearly row by row when at least this many
@@ -102,7 +112,8 @@ const SHORT_STEP_ROWS: u32 = 2;
 
 impl SourceLayout {
     /// [`SourceLayout::Columns`] when nearly every step of `order` goes
-    /// forward one or two rows, else [`SourceLayout::Rows`].
+    /// forward one or two rows; else [`SourceLayout::Scattered`] when it
+    /// has at most 64 ascending runs; else [`SourceLayout::Rows`].
     ///
     /// ```
     /// use insitu_kernels::SourceLayout;
@@ -112,17 +123,24 @@ impl SourceLayout {
     /// assert_eq!(SourceLayout::for_order(&nearly), SourceLayout::Columns);
     /// // A stable sort of a key with 7 values: 7 runs with steps of ~7 rows.
     /// let runs: Vec<u32> = (0..7).flat_map(|k| (k..5000).step_by(7)).collect();
-    /// assert_eq!(SourceLayout::for_order(&runs), SourceLayout::Rows);
+    /// assert_eq!(SourceLayout::for_order(&runs), SourceLayout::Scattered);
+    /// // A random order.
+    /// let random: Vec<u32> = (0..5000u32).map(|i| i.wrapping_mul(2654435761) % 5000).collect();
+    /// assert_eq!(SourceLayout::for_order(&random), SourceLayout::Rows);
     /// ```
     pub fn for_order(order: &[u32]) -> Self {
         let steps = order.len().saturating_sub(1);
-        let forward = order
-            .windows(2)
-            .filter(|w| w[1] > w[0] && w[1] - w[0] <= SHORT_STEP_ROWS)
-            .count();
-        match steps > 0 && forward * 1024 >= steps * FORWARD_STEPS_PER_1024_MIN {
-            true => SourceLayout::Columns,
-            false => SourceLayout::Rows,
+        let (mut forward, mut descents) = (0, 0);
+        for w in order.windows(2) {
+            forward += (w[1] > w[0] && w[1] - w[0] <= SHORT_STEP_ROWS) as usize;
+            descents += (w[1] < w[0]) as usize;
+        }
+        if steps > 0 && forward * 1024 >= steps * FORWARD_STEPS_PER_1024_MIN {
+            SourceLayout::Columns
+        } else if descents < scatter::SCATTER_RUNS_MAX {
+            SourceLayout::Scattered
+        } else {
+            SourceLayout::Rows
         }
     }
 }
@@ -294,7 +312,7 @@ impl GatherSource {
         let mut packings: Vec<Packing> = (schema.fields().iter().enumerate())
             .map(|(c, f)| match layout {
                 SourceLayout::Rows => Packing::expect(c, f.data_type(), batches),
-                SourceLayout::Columns => Packing::Full,
+                SourceLayout::Columns | SourceLayout::Scattered => Packing::Full,
             })
             .collect();
         // Per column: for views, where each batch's data buffers start in
@@ -328,7 +346,7 @@ impl GatherSource {
                         .for_each(|c| packings[c] = Packing::Full),
                 }
             },
-            SourceLayout::Columns => vec![],
+            SourceLayout::Columns | SourceLayout::Scattered => vec![],
         };
         let mut batch_starts = Vec::with_capacity(batches.len() + 1);
         batch_starts.push(0);
@@ -346,13 +364,15 @@ impl GatherSource {
                     nulls: concat_nulls(&arrays),
                     data_buffers,
                 },
-                (Some(width), SourceLayout::Columns) => ColumnSource::Batched {
-                    width,
-                    parts: arrays.iter().map(|a| a.to_data()).collect(),
-                    view_bases,
-                    nulls: concat_nulls(&arrays),
-                    data_buffers,
-                },
+                (Some(width), SourceLayout::Columns | SourceLayout::Scattered) => {
+                    ColumnSource::Batched {
+                        width,
+                        parts: arrays.iter().map(|a| a.to_data()).collect(),
+                        view_bases,
+                        nulls: concat_nulls(&arrays),
+                        data_buffers,
+                    }
+                }
                 (None, _) if arrays.is_empty() => {
                     ColumnSource::Concatenated(arrow::array::new_empty_array(field.data_type()))
                 }

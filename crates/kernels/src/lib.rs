@@ -15,7 +15,7 @@
 //! | [`argsort_columns`] | several key columns -> sorted row indices (row keys + radix) |
 //! | [`dictionary_ranks`], [`sort_dictionary`] | generic sort of dictionary-encoded keys |
 //! | [`gather`], [`gather_batch`], [`gather_rows`], [`gather_rows_into`], [`gather_values`] | shuffle by indices |
-//! | [`GatherSource`] | shuffle of many batches by global indices, a chunk at a time |
+//! | [`GatherSource`] | shuffle of many batches by global indices, a chunk at a time, or all at once by scattering ([`GatherSource::scatter`]) |
 //! | [`interleave_batches`] | rows of several batches by `(batch, row)`, as a merge copies short runs |
 //! | [`dictionary_decode`], [`dictionary_decode_to_views`], [`DictionaryDecoder`] | dictionary codes -> plain values (or views into the dictionary); the decoder reuses per-dictionary tables across batches |
 //! | [`validate_utf8_views`], [`validate_full_fast`] | checks of received string views |
@@ -47,7 +47,7 @@ pub use gather::{
     gather, gather_batch, gather_batch_with, gather_rows, gather_rows_into, gather_values,
     ROW_GROUP_BYTES_MAX,
 };
-pub use gather_source::{concat_views, GatherSource, SourceLayout};
+pub use gather_source::{concat_views, GatherSource, ScatteredBatches, SourceLayout};
 pub use interleave::interleave_batches;
 pub use radix::SortIndex;
 pub use rows::argsort_columns;

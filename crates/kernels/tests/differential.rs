@@ -735,7 +735,11 @@ fn gather_source_matches_take() {
         let arrays = random_arrays(&mut rng, n);
         let batch = batch_for_gather(&mut rng, &arrays);
         let pieces = random_pieces(&mut rng, &batch);
-        for layout in [SourceLayout::Rows, SourceLayout::Columns] {
+        for layout in [
+            SourceLayout::Rows,
+            SourceLayout::Columns,
+            SourceLayout::Scattered,
+        ] {
             let source = GatherSource::with_layout(batch.schema(), &pieces, layout).unwrap();
             assert_eq!(source.num_rows(), n);
             for idx in gather_orders(&mut rng, n) {
@@ -766,7 +770,11 @@ fn gather_source_matches_take() {
                 SourceLayout::Columns,
                 "n={n}"
             );
-            assert_eq!(SourceLayout::for_order(&runs), SourceLayout::Rows, "n={n}");
+            assert_eq!(
+                SourceLayout::for_order(&runs),
+                SourceLayout::Scattered,
+                "n={n}"
+            );
         }
         if random.len() >= 100 {
             assert_eq!(
@@ -782,6 +790,99 @@ fn gather_source_matches_take() {
     let b = RecordBatch::new_empty(Arc::new(other));
     let err = GatherSource::new(a.schema(), &[a, b]).err().unwrap();
     assert!(err.to_string().contains("expected"), "{err}");
+}
+
+/// Permutations of `0..n`: ascending runs of a stable sort of a key with
+/// `keys` values, a random shuffle, and nearly sorted.
+fn permutations(rng: &mut StdRng, n: usize, keys: u8) -> [Vec<u32>; 3] {
+    let key: Vec<u8> = (0..n).map(|_| rng.random_range(0..keys)).collect();
+    let key = &key;
+    let runs: Vec<u32> = (0..keys)
+        .flat_map(|k| (0..n as u32).filter(move |&i| key[i as usize] == k))
+        .collect();
+    let mut shuffled: Vec<u32> = (0..n as u32).collect();
+    for i in (1..n).rev() {
+        shuffled.swap(i, rng.random_range(0..=i));
+    }
+    let mut nearly: Vec<u32> = (0..n as u32).collect();
+    for _ in 0..n / 100 {
+        nearly.swap(rng.random_range(0..n), rng.random_range(0..n));
+    }
+    [runs, shuffled, nearly]
+}
+
+/// `batch` with each string view column's values copied into buffers of
+/// its own.
+fn with_own_view_buffers(batch: &RecordBatch) -> RecordBatch {
+    let columns = (batch.columns().iter())
+        .map(|c| match c.data_type() {
+            DataType::Utf8View => Arc::new(c.as_string_view().gc()) as ArrayRef,
+            _ => Arc::clone(c),
+        })
+        .collect();
+    RecordBatch::try_new(batch.schema(), columns).unwrap()
+}
+
+#[test]
+fn scatter_matches_take() {
+    let mut rng = StdRng::seed_from_u64(48);
+    for n in SIZES {
+        let arrays = random_arrays(&mut rng, n);
+        let batch = batch_for_gather(&mut rng, &arrays);
+        // Every other piece with view buffers of its own, so that views
+        // are rebased by several bases.
+        let pieces: Vec<RecordBatch> = (random_pieces(&mut rng, &batch).into_iter().enumerate())
+            .map(|(i, p)| match i % 2 {
+                0 => p,
+                _ => with_own_view_buffers(&p),
+            })
+            .collect();
+        let source =
+            GatherSource::with_layout(batch.schema(), &pieces, SourceLayout::Scattered).unwrap();
+        let keys = rng.random_range(1..=70);
+        for order in permutations(&mut rng, n, keys) {
+            for batch_rows in [1usize, 3, 64, 1000, 8192] {
+                let rows_per_batch = 1 << batch_rows.ilog2();
+                let out: Vec<RecordBatch> = source
+                    .scatter(&order, batch_rows)
+                    .unwrap()
+                    .collect::<Result<_, _>>()
+                    .unwrap();
+                assert_eq!(out.len(), n.div_ceil(rows_per_batch), "n={n}");
+                for (chunk, got) in order.chunks(rows_per_batch).zip(&out) {
+                    assert_eq!(got.num_rows(), chunk.len());
+                    let indices = UInt32Array::from(chunk.to_vec());
+                    for (c, column) in batch.columns().iter().enumerate() {
+                        let want = arrow::compute::take(column.as_ref(), &indices, None).unwrap();
+                        let got = got.column(c);
+                        got.to_data().validate_full().unwrap();
+                        assert_eq!(
+                            got.as_ref(),
+                            want.as_ref(),
+                            "column {c} n={n} keys={keys} batch_rows={batch_rows}"
+                        );
+                    }
+                }
+            }
+        }
+        // Only permutations of the source's rows scatter.
+        let err = |order: &[u32]| source.scatter(order, 64).err().unwrap().to_string();
+        assert!(err(&vec![0; n + 1]).contains("rows for a source"));
+        if n >= 2 {
+            let mut repeated: Vec<u32> = (0..n as u32).collect();
+            repeated[1] = 0;
+            assert!(err(&repeated).contains("repeats a row"), "n={n}");
+            let mut outside: Vec<u32> = (0..n as u32).collect();
+            outside[1] = n as u32;
+            assert!(err(&outside).contains("out of range"), "n={n}");
+        }
+        if n > 0 {
+            let packed = GatherSource::new(batch.schema(), &pieces).unwrap();
+            let order: Vec<u32> = (0..n as u32).collect();
+            let err = packed.scatter(&order, 64).err().unwrap().to_string();
+            assert!(err.contains("keeps its columns in their batches"), "{err}");
+        }
+    }
 }
 
 #[test]
