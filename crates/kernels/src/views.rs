@@ -47,9 +47,14 @@ const INLINE_BYTES_MAX: u32 = 12;
 /// ```
 pub fn validate_utf8_views(views: &[u128], buffers: &[Buffer]) -> Result<(), ArrowError> {
     let ascii = AsciiBuffers::of(buffers);
+    let wide = WideCheck::detect(&ascii);
     let mut whole_utf8: Option<Vec<bool>> = None;
     for (chunk_at, chunk) in views.chunks(VALIDATE_CHUNK_VIEWS).enumerate() {
-        if chunk.iter().fold(true, |ok, &v| ok & ascii.proves_valid(v)) {
+        let proved = match &wide {
+            Some(wide) if chunk.len() == VALIDATE_CHUNK_VIEWS => wide.proves_valid(chunk),
+            _ => chunk.iter().fold(true, |ok, &v| ok & ascii.proves_valid(v)),
+        };
+        if proved {
             continue;
         }
         // Something in the chunk is not plain ASCII (or is wrong): check
@@ -146,6 +151,139 @@ impl<'a> AsciiBuffers<'a> {
         let prefix =
             u32::from_le_bytes(buffer.bytes[at..at + 4].try_into().expect("a 4-byte slice"));
         inline_ok | (in_range & (prefix == data as u32))
+    }
+}
+
+/// [`AsciiBuffers::proves_valid`] for 16 views at a time in 512-bit
+/// registers, where the CPU has AVX-512F. 1Mi views took 1.33 ms against
+/// 4.80 ms one view at a time for a dictionary page's (half inline, like
+/// sorted l_shipinstruct), 3.85 ms against 7.43 ms for compacted
+/// comments (`cargo bench -- validate_utf8_views` in bench/kernels).
+struct WideCheck {
+    /// Each buffer's first byte, then the stand-in for indices past the
+    /// last (as in [`AsciiBuffers`]).
+    starts: Vec<u64>,
+    /// Each buffer's all-ASCII length (0 if not all ASCII), likewise.
+    ascii_lens: Vec<u64>,
+}
+
+impl WideCheck {
+    /// The check for `ascii`'s buffers, if this CPU runs it.
+    fn detect(ascii: &AsciiBuffers) -> Option<Self> {
+        #[cfg(target_arch = "x86_64")]
+        if std::arch::is_x86_feature_detected!("avx512f") && ascii.buffers.len() < i32::MAX as usize
+        {
+            return Some(WideCheck {
+                starts: ascii
+                    .buffers
+                    .iter()
+                    .map(|b| b.bytes.as_ptr() as u64)
+                    .collect(),
+                ascii_lens: ascii.buffers.iter().map(|b| b.ascii_len as u64).collect(),
+            });
+        }
+        let _ = ascii;
+        None
+    }
+
+    /// Whether every view of `chunk` (64 of them) is proved valid.
+    fn proves_valid(&self, chunk: &[u128]) -> bool {
+        assert_eq!(chunk.len(), VALIDATE_CHUNK_VIEWS);
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: `detect` found AVX-512F; the chunk holds 64 views and
+        // the tables one entry per buffer plus the stand-in.
+        unsafe {
+            chunk.chunks_exact(16).all(|views| self.proves_16(views))
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        unreachable!("detected on x86_64 only")
+    }
+
+    /// 16 views: transposed into lengths, prefixes, buffer indices and
+    /// offsets, one per 32-bit lane; then the same arithmetic as
+    /// [`AsciiBuffers::proves_valid`], each out-of-line prefix read by a
+    /// gather (masked: only views inside their buffer read it).
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn proves_16(&self, views: &[u128]) -> bool {
+        use std::arch::x86_64::*;
+        debug_assert_eq!(views.len(), 16);
+        let p = views.as_ptr() as *const __m512i;
+        let (a, b, c, d) = (
+            _mm512_loadu_si512(p),
+            _mm512_loadu_si512(p.add(1)),
+            _mm512_loadu_si512(p.add(2)),
+            _mm512_loadu_si512(p.add(3)),
+        );
+        // Lanes 0, 1 (length, prefix) and 2, 3 (index, offset) of 8 views.
+        let low = _mm512_setr_epi32(0, 1, 4, 5, 8, 9, 12, 13, 16, 17, 20, 21, 24, 25, 28, 29);
+        let high = _mm512_add_epi32(low, _mm512_set1_epi32(2));
+        let (ab_lo, ab_hi) = (
+            _mm512_permutex2var_epi32(a, low, b),
+            _mm512_permutex2var_epi32(a, high, b),
+        );
+        let (cd_lo, cd_hi) = (
+            _mm512_permutex2var_epi32(c, low, d),
+            _mm512_permutex2var_epi32(c, high, d),
+        );
+        let even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+        let odd = _mm512_add_epi32(even, _mm512_set1_epi32(1));
+        let len = _mm512_permutex2var_epi32(ab_lo, even, cd_lo);
+        let prefix = _mm512_permutex2var_epi32(ab_lo, odd, cd_lo);
+        let index = _mm512_permutex2var_epi32(ab_hi, even, cd_hi);
+        let offset = _mm512_permutex2var_epi32(ab_hi, odd, cd_hi);
+
+        // Inline: in data dword k, bytes past the string are zero and the
+        // rest ASCII: the dword lies within 0x7f7f7f7f >> (32 - 8 * n),
+        // n = clamp(len - 4k, 0, 4) (shifts of 32 give 0).
+        let twelve = _mm512_set1_epi32(INLINE_BYTES_MAX as i32);
+        let is_inline = _mm512_cmple_epu32_mask(len, twelve);
+        let short_len = _mm512_min_epu32(len, twelve);
+        let mut outside = _mm512_setzero_si512();
+        for (k, data) in [prefix, index, offset].into_iter().enumerate() {
+            let n = _mm512_sub_epi32(short_len, _mm512_set1_epi32(4 * k as i32));
+            let n = _mm512_max_epi32(
+                _mm512_min_epi32(n, _mm512_set1_epi32(4)),
+                _mm512_setzero_si512(),
+            );
+            let shift = _mm512_sub_epi32(_mm512_set1_epi32(32), _mm512_slli_epi32::<3>(n));
+            let allowed = _mm512_srlv_epi32(_mm512_set1_epi32(0x7f7f_7f7f), shift);
+            outside = _mm512_or_si512(outside, _mm512_andnot_si512(allowed, data));
+        }
+        let inline_ok = is_inline & _mm512_testn_epi32_mask(outside, outside);
+
+        // Out-of-line: inside an all-ASCII buffer, prefix matching.
+        let last = _mm512_set1_epi32(self.starts.len() as i32 - 1);
+        let index = _mm512_min_epu32(index, last);
+        let mut out_of_line_ok: u16 = 0;
+        for half in 0..2 {
+            let pick = |v: __m512i| match half {
+                0 => _mm512_castsi512_si256(v),
+                _ => _mm512_extracti64x4_epi64::<1>(v),
+            };
+            let index = pick(index);
+            let start = _mm512_i32gather_epi64::<8>(index, self.starts.as_ptr() as *const i64);
+            let ascii_len =
+                _mm512_i32gather_epi64::<8>(index, self.ascii_lens.as_ptr() as *const i64);
+            let len = _mm512_cvtepu32_epi64(pick(len));
+            let offset = _mm512_cvtepu32_epi64(pick(offset));
+            let end = _mm512_add_epi64(offset, len);
+            let in_range = _mm512_cmpgt_epu64_mask(len, _mm512_set1_epi64(INLINE_BYTES_MAX as i64))
+                & _mm512_cmple_epu64_mask(end, ascii_len);
+            let at = _mm512_add_epi64(start, offset);
+            let read = _mm512_mask_i64gather_epi32::<1>(
+                _mm256_setzero_si256(),
+                in_range,
+                at,
+                std::ptr::null(),
+            );
+            let matches = _mm512_cmpeq_epi64_mask(
+                _mm512_cvtepu32_epi64(read),
+                _mm512_cvtepu32_epi64(pick(prefix)),
+            );
+            out_of_line_ok |= ((in_range & matches) as u16) << (8 * half);
+        }
+        inline_ok | out_of_line_ok == u16::MAX
     }
 }
 
@@ -554,6 +692,77 @@ fn is_char_boundary(bytes: &[u8], at: usize) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The 512-bit check proves exactly the chunks the per-view one does:
+    /// views valid and not (lengths around 12, prefixes off by a bit,
+    /// offsets past a buffer, indices past the last), over ASCII buffers,
+    /// a non-ASCII one and one too short for any prefix.
+    #[test]
+    fn wide_check_matches_the_per_view_check() {
+        use rand::{Rng, SeedableRng};
+        let mut rng = rand::rngs::StdRng::seed_from_u64(9);
+        let ascii: Vec<u8> = (0..300).map(|_| rng.random_range(b'a'..=b'z')).collect();
+        let mut accented = ascii.clone();
+        accented[150..152].copy_from_slice("é".as_bytes());
+        let buffers = [
+            Buffer::from_vec(ascii.clone()),
+            Buffer::from_vec(accented),
+            Buffer::from_vec(b"ab".to_vec()),
+            Buffer::from_vec(ascii[..100].to_vec()),
+        ];
+        let checks = AsciiBuffers::of(&buffers);
+        let Some(wide) = WideCheck::detect(&checks) else {
+            return; // no AVX-512F here: only the per-view check runs
+        };
+        // Clean views are valid; the others often are not.
+        let view = |rng: &mut rand::rngs::StdRng, clean: bool| -> u128 {
+            let len = [0u32, 3, 11, 12, 13, 20, 60][rng.random_range(0..7)];
+            let mut v = if len <= INLINE_BYTES_MAX {
+                let mut bytes = [0u8; 16];
+                bytes[..4].copy_from_slice(&len.to_le_bytes());
+                (4..4 + len as usize).for_each(|i| bytes[i] = rng.random_range(b'a'..=b'z'));
+                u128::from_le_bytes(bytes)
+            } else {
+                let index = match clean {
+                    true => [0, 3][rng.random_range(0..2)],
+                    false => rng.random_range(0..5u32),
+                };
+                let bytes = buffers
+                    .get(index as usize)
+                    .map_or(&[][..], |b| b.as_slice());
+                let offset = match clean {
+                    true => rng.random_range(0..=bytes.len() as u32 - len),
+                    false => rng.random_range(0..bytes.len() as u32 + 20),
+                };
+                let prefix = (bytes.get(offset as usize..offset as usize + 4))
+                    .map_or(0, |p| u32::from_le_bytes(p.try_into().unwrap()));
+                len as u128
+                    | (prefix as u128) << 32
+                    | (index as u128) << 64
+                    | (offset as u128) << 96
+            };
+            if !clean && rng.random_bool(0.3) {
+                v ^= 1 << rng.random_range(0..128);
+            }
+            v
+        };
+        let (mut proved, mut refused) = (0, 0);
+        for _ in 0..2000 {
+            let mut chunk: Vec<u128> = (0..VALIDATE_CHUNK_VIEWS)
+                .map(|_| view(&mut rng, true))
+                .collect();
+            if rng.random_bool(0.5) {
+                chunk[rng.random_range(0..VALIDATE_CHUNK_VIEWS)] = view(&mut rng, false);
+            }
+            let want = chunk.iter().all(|&v| checks.proves_valid(v));
+            assert_eq!(wide.proves_valid(&chunk), want, "{chunk:x?}");
+            (proved, refused) = (proved + want as usize, refused + !want as usize);
+        }
+        assert!(
+            proved > 0 && refused > 0,
+            "{proved} proved, {refused} refused"
+        );
+    }
     use arrow::array::StringViewArray;
     use arrow::buffer::Buffer;
 
