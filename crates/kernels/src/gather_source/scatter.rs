@@ -22,6 +22,7 @@ use std::sync::Arc;
 use super::{rebase_view, ColumnSource, GatherSource};
 use crate::arena::{ChunkArena, OutputBuffer};
 use crate::gather::{fixed_part_bytes, gather_in_range};
+use crate::mem::{recycle, take_vec_filled};
 
 /// Orders of at most this many ascending runs are scattered
 /// ([`super::SourceLayout::Scattered`]): each run is one write stream per
@@ -123,6 +124,7 @@ impl GatherSource {
                 }
             }
         }
+        recycle(dest);
         Ok(ScatteredBatches {
             source: self,
             order,
@@ -144,10 +146,11 @@ impl GatherSource {
                 self.rows
             )));
         }
-        let mut dest = vec![u32::MAX; order.len()];
+        // Pooled: a device's sorts reuse memory already faulted in.
+        let mut dest: Vec<u32> = take_vec_filled(order.len());
+        dest.fill(u32::MAX);
         let mut repeated = false;
         for (place, &row) in order.iter().enumerate() {
-            // In range: a permutation of `len` rows only holds rows < len.
             let slot = dest.get_mut(row as usize).ok_or_else(|| {
                 ArrowError::InvalidArgumentError(format!(
                     "scatter index {row} out of range for {} rows",
@@ -158,6 +161,7 @@ impl GatherSource {
             *slot = place as u32;
         }
         if repeated {
+            recycle(dest);
             return Err(ArrowError::InvalidArgumentError(
                 "scatter order repeats a row: not a permutation".into(),
             ));
@@ -180,7 +184,7 @@ impl GatherSource {
         ScatteredPart { arena, values }
     }
 
-    /// Output batch `i` (rows `indices` of the order) from its scattered
+    /// The output batch of the order's rows `indices`, from its scattered
     /// values and the columns gathered now.
     fn scattered_batch(
         &self,
