@@ -113,7 +113,7 @@ const SHORT_STEP_ROWS: u32 = 2;
 impl SourceLayout {
     /// [`SourceLayout::Columns`] when nearly every step of `order` goes
     /// forward one or two rows; else [`SourceLayout::Scattered`] when it
-    /// has at most 64 ascending runs; else [`SourceLayout::Rows`].
+    /// has at most 16Ki ascending runs; else [`SourceLayout::Rows`].
     ///
     /// ```
     /// use insitu_kernels::SourceLayout;
@@ -124,8 +124,8 @@ impl SourceLayout {
     /// // A stable sort of a key with 7 values: 7 runs with steps of ~7 rows.
     /// let runs: Vec<u32> = (0..7).flat_map(|k| (k..5000).step_by(7)).collect();
     /// assert_eq!(SourceLayout::for_order(&runs), SourceLayout::Scattered);
-    /// // A random order.
-    /// let random: Vec<u32> = (0..5000u32).map(|i| i.wrapping_mul(2654435761) % 5000).collect();
+    /// // A random order: about one run per two rows.
+    /// let random: Vec<u32> = (0..1u32 << 16).map(|i| i.wrapping_mul(2654435761) >> 16).collect();
     /// assert_eq!(SourceLayout::for_order(&random), SourceLayout::Rows);
     /// ```
     pub fn for_order(order: &[u32]) -> Self {
