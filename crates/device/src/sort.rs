@@ -442,9 +442,12 @@ impl SortJob {
                 let kept: Vec<RecordBatch> = slices_of(&batches, rows, usize::MAX).collect();
                 Ok(concat_batches(&self.schema, &kept)?)
             }
-            Sorted::Gather { source, order } | Sorted::Scatter { source, order } => {
-                Ok(source.gather(&order)?)
-            }
+            Sorted::Gather { source, order } => Ok(source.gather(&order)?),
+            // One batch of every row: a single scattered part.
+            Sorted::Scatter { source, order } => match source.scatter(&order, usize::MAX)?.next() {
+                Some(batch) => Ok(batch?),
+                None => internal_err!("a scatter of {} rows gave no batch", order.len()),
+            },
         }
     }
 

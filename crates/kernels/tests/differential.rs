@@ -844,7 +844,7 @@ fn scatter_matches_take() {
             GatherSource::with_layout(batch.schema(), &pieces, SourceLayout::Scattered).unwrap();
         let keys = rng.random_range(1..=70);
         for order in permutations(&mut rng, n, keys) {
-            for batch_rows in [1usize, 3, 64, 1000, 8192] {
+            for batch_rows in [1usize, 3, 64, 1000, 8192, usize::MAX] {
                 let rows_per_batch = 1 << batch_rows.ilog2();
                 let out: Vec<RecordBatch> = source
                     .scatter(&order, batch_rows)
