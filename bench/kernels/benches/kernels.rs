@@ -211,10 +211,7 @@ fn gathers(c: &mut Criterion) {
     });
     // The same rows held as 8192-row batches, gathered 8192 rows at a time
     // as a device sort streams its output.
-    let pieces: Vec<RecordBatch> = (0..ROWS)
-        .step_by(8192)
-        .map(|at| batch.slice(at, 8192.min(ROWS - at)))
-        .collect();
+    let pieces = device_batches(&batch);
     g.bench_function("gather source (u64 + dictionary), 8192-row chunks", |b| {
         b.iter(|| {
             let source = GatherSource::new(batch.schema(), &pieces).unwrap();
@@ -248,10 +245,7 @@ fn gathers(c: &mut Criterion) {
         ("s", Arc::new(strings) as ArrayRef),
     ])
     .unwrap();
-    let wide_pieces: Vec<RecordBatch> = (0..ROWS)
-        .step_by(8192)
-        .map(|at| wide.slice(at, 8192.min(ROWS - at)))
-        .collect();
+    let wide_pieces = device_batches(&wide);
     g.bench_function("7 key runs (2 x u64 + view), packed rows", |b| {
         b.iter(|| {
             let source = GatherSource::new(wide.schema(), &wide_pieces).unwrap();
@@ -271,6 +265,14 @@ fn gathers(c: &mut Criterion) {
     });
     mem::set_scratch_pool_bytes_max(0);
     g.finish();
+}
+
+/// `batch` as the 8192-row batches a device sort collects.
+fn device_batches(batch: &RecordBatch) -> Vec<RecordBatch> {
+    (0..batch.num_rows())
+        .step_by(8192)
+        .map(|at| batch.slice(at, 8192.min(batch.num_rows() - at)))
+        .collect()
 }
 
 /// Compaction of a string view column gathered at random: strings of 13 to

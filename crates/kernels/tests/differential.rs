@@ -716,15 +716,7 @@ fn gather_orders(rng: &mut StdRng, n: usize) -> [Vec<u32>; 3] {
         rng.random_range(0..2 * n)
     };
     let random: Vec<u32> = (0..m).map(|_| rng.random_range(0..n as u32)).collect();
-    let keys: Vec<u8> = (0..n).map(|_| rng.random_range(0..3)).collect();
-    let keys = &keys;
-    let runs: Vec<u32> = (0..3u8)
-        .flat_map(|k| (0..n as u32).filter(move |&i| keys[i as usize] == k))
-        .collect();
-    let mut nearly: Vec<u32> = (0..n as u32).collect();
-    for _ in 0..n / 100 {
-        nearly.swap(rng.random_range(0..n), rng.random_range(0..n));
-    }
+    let [runs, _, nearly] = permutations(rng, n, 3);
     [random, runs, nearly]
 }
 

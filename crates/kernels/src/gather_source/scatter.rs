@@ -36,10 +36,9 @@ pub(crate) const SCATTER_RUNS_MAX: usize = 16 * 1024;
 /// The output batches of [`GatherSource::scatter`], in order.
 pub struct ScatteredBatches<'a> {
     source: &'a GatherSource,
-    order: &'a [u32],
-    batch_rows: usize,
+    /// Each part's rows of the order.
+    chunks: std::slice::Chunks<'a, u32>,
     parts: std::vec::IntoIter<ScatteredPart>,
-    next: usize,
 }
 
 /// One output batch's arena and the scattered values of its columns
@@ -131,10 +130,8 @@ impl GatherSource {
         recycle(dest);
         Ok(ScatteredBatches {
             source: self,
-            order,
-            batch_rows,
+            chunks: order.chunks(batch_rows),
             parts: parts.into_iter(),
-            next: 0,
         })
     }
 
@@ -226,10 +223,7 @@ impl Iterator for ScatteredBatches<'_> {
     type Item = Result<RecordBatch, ArrowError>;
 
     fn next(&mut self) -> Option<Self::Item> {
-        let part = self.parts.next()?;
-        let start = self.next * self.batch_rows;
-        let indices = &self.order[start..(start + self.batch_rows).min(self.order.len())];
-        self.next += 1;
+        let (part, indices) = (self.parts.next()?, self.chunks.next()?);
         Some(self.source.scattered_batch(part, indices))
     }
 }
