@@ -34,11 +34,12 @@ impl CountingStore {
     }
 }
 
-/// Ranges at least this long are read into the kernels' scratch pool.
-/// A hybrid sort reads each file's row slots and heap (hundreds of MiB)
-/// every query; fresh buffers for them cost as much in page faults and
-/// zeroing as the rest of the read.
-const POOLED_READ_BYTES_MIN: u64 = 4 << 20;
+/// Ranges at least this long are read into the kernels' scratch pool
+/// (its smallest pooled buffer). A hybrid sort reads each file's row
+/// slots and heap (hundreds of MiB) every query, and a Parquet scan its
+/// column chunks (tens of KiB to MiBs); fresh buffers for them cost page
+/// faults and zeroing on every read.
+const POOLED_READ_BYTES_MIN: u64 = 64 << 10;
 
 /// Reads `ranges` of the file at `path`, each into a buffer from the
 /// kernels' scratch pool that returns there when the last `Bytes` of it
