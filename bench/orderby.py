@@ -10,6 +10,11 @@ must return the same number of rows. Each query runs once to warm up, then
 the query until DuckDB hands over a reader of the sorted result, before it
 produces the sorted rows: what its sort alone costs (not in the ratios).
 
+Every engine runs in a process of its own, started afresh for each key
+(insitu's `bench sql`, and this script with --worker for the others), so
+that none is timed beside what another keeps allocated between queries,
+and each starts from the same state.
+
 Usage: orderby.py --insitu BIN --root ROOT [--hybrid-root ROOT] [--runs N] [--threads N]
 Prints a Markdown table; --out FILE also writes the rows as JSON lines.
 """
@@ -22,10 +27,6 @@ import subprocess
 import sys
 import tempfile
 import time
-
-import datafusion
-import duckdb
-import polars as pl
 
 KEYS = [
     ("l_partkey", "integer"),
@@ -62,7 +63,75 @@ def insitu_times(binary: str, root: str, sql: str, runs: int, threads: int, devi
     return report["runs_secs"], report["rows"]
 
 
+ENGINES = ["duckdb", "duckdb_unread", "polars", "datafusion"]
+
+
+def engine_times(engine: str, pattern: str, key: str, runs: int, threads: int) -> tuple:
+    """Times, result rows and version of ORDER BY `key` by one engine, in
+    a process of its own."""
+    out = subprocess.run(
+        [sys.executable, os.path.abspath(__file__), "--worker", engine, "--pattern", pattern,
+         "--key", key, "--runs", str(runs), "--threads", str(threads)],
+        capture_output=True,
+        text=True,
+    )
+    if out.returncode != 0:
+        sys.exit(f"error: {engine} on ORDER BY {key} failed:\n{out.stderr}")
+    report = json.loads(out.stdout.strip().splitlines()[-1])
+    return report["times"], report["rows"], report["version"]
+
+
+def worker(engine: str, pattern: str, key: str, runs: int, threads: int) -> dict:
+    """The --worker process: times one engine's ORDER BY `key`."""
+    sql = f"SELECT * FROM lineitem ORDER BY {key}"
+    if engine in ("duckdb", "duckdb_unread"):
+        import duckdb
+
+        duck = duckdb.connect()
+        duck.execute(f"set threads = {threads}")
+        duck.execute(f"create view lineitem as select * from read_parquet('{pattern}')")
+        if engine == "duckdb":
+            times, rows = timed(lambda: duck.sql(sql).to_arrow_table(), runs, len)
+        else:
+            # Until DuckDB hands over a reader of the sorted result: the
+            # sort is done, the sorted rows not yet produced. Not a
+            # materialized result; shown for what the sort alone costs.
+            times, rows = timed(lambda: duck.sql(sql).arrow(), runs, lambda reader: reader.read_all().num_rows)
+        version = duckdb.__version__
+    elif engine == "polars":
+        # Read when Polars starts its thread pool: set before the import.
+        os.environ["POLARS_MAX_THREADS"] = str(threads)
+        import polars as pl
+
+        times, rows = timed(lambda: pl.scan_parquet(pattern).sort(key).collect(), runs, len)
+        version = pl.__version__
+    elif engine == "datafusion":
+        import datafusion
+
+        dfx = datafusion.SessionContext(datafusion.SessionConfig().with_target_partitions(threads))
+        dfx.register_parquet("lineitem", os.path.dirname(pattern))
+        times, rows = timed(lambda: dfx.sql(sql).collect(), runs, lambda batches: sum(b.num_rows for b in batches))
+        version = datafusion.__version__
+    else:
+        sys.exit(f"error: unknown engine {engine!r}; one of {', '.join(ENGINES)}")
+    return {"times": times, "rows": rows, "version": version}
+
+
+def worker_main() -> int:
+    ap = argparse.ArgumentParser(description="one engine's timings, as JSON (used by orderby.py itself)")
+    ap.add_argument("--worker", required=True, choices=ENGINES)
+    ap.add_argument("--pattern", required=True)
+    ap.add_argument("--key", required=True)
+    ap.add_argument("--runs", type=int, required=True)
+    ap.add_argument("--threads", type=int, required=True)
+    args = ap.parse_args()
+    print(json.dumps(worker(args.worker, args.pattern, args.key, args.runs, args.threads)))
+    return 0
+
+
 def main() -> int:
+    if "--worker" in sys.argv:
+        return worker_main()
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--insitu", required=True)
     ap.add_argument("--root", required=True, help="insitu data root with lineitem in Parquet")
@@ -82,14 +151,8 @@ def main() -> int:
             dev = os.path.basename(os.path.dirname(os.path.dirname(f)))
             os.symlink(f, os.path.join(scratch, f"{dev}-{os.path.basename(f)}"))
         pattern = os.path.join(scratch, "*.parquet")
-        duck = duckdb.connect()
-        duck.execute(f"set threads = {args.threads}")
-        duck.execute(f"create view lineitem as select * from read_parquet('{pattern}')")
-        os.environ["POLARS_MAX_THREADS"] = str(args.threads)
-        cfg = datafusion.SessionConfig().with_target_partitions(args.threads)
-        dfx = datafusion.SessionContext(cfg)
-        dfx.register_parquet("lineitem", scratch)
         rows = []
+        versions = {}
         for key, kind in KEYS:
             sql = f"SELECT * FROM lineitem ORDER BY {key}"
             row = {"key": key, "kind": kind, "runs": args.runs}
@@ -103,19 +166,10 @@ def main() -> int:
                     row["insitu_hybrid"], counts["insitu_hybrid"] = insitu_times(
                         args.insitu, hroot, sql, args.runs, args.threads, args.device_threads
                     )
-            row["duckdb"], counts["duckdb"] = timed(lambda: duck.sql(sql).to_arrow_table(), args.runs, len)
-            # Until DuckDB hands over a reader of the sorted result: the
-            # sort is done, the sorted rows not yet produced. Not a
-            # materialized result; shown for what the sort alone costs.
-            row["duckdb_unread"], counts["duckdb_unread"] = timed(
-                lambda: duck.sql(sql).arrow(), args.runs, lambda reader: reader.read_all().num_rows
-            )
-            row["polars"], counts["polars"] = timed(
-                lambda: pl.scan_parquet(pattern).sort(key).collect(), args.runs, len
-            )
-            row["datafusion"], counts["datafusion"] = timed(
-                lambda: dfx.sql(sql).collect(), args.runs, lambda batches: sum(b.num_rows for b in batches)
-            )
+            for engine in ENGINES:
+                row[engine], counts[engine], versions[engine] = engine_times(
+                    engine, pattern, key, args.runs, args.threads
+                )
             # A timing of an engine that returned a different result is no
             # comparison (the answers themselves are checked by the tests).
             if len(set(counts.values())) != 1:
@@ -123,9 +177,10 @@ def main() -> int:
             row["rows"] = counts["insitu"]
             rows.append(row)
             print(f"{key}: " + ", ".join(f"{k} {statistics.median(v):.3f}s" for k, v in row.items() if isinstance(v, list)), file=sys.stderr)
-    engines = ["insitu"] + (["insitu_hybrid"] if any("insitu_hybrid" in r for r in rows) else []) + ["duckdb", "duckdb_unread", "polars", "datafusion"]
-    print(f"ORDER BY on lineitem ({len(files)} Parquet partitions), all columns, {args.threads} threads, median of {args.runs}; "
-          f"DuckDB {duckdb.__version__}, Polars {pl.__version__}, DataFusion {datafusion.__version__}\n")
+    engines = ["insitu"] + (["insitu_hybrid"] if any("insitu_hybrid" in r for r in rows) else []) + ENGINES
+    print(f"ORDER BY on lineitem ({len(files)} Parquet partitions), all columns, {args.threads} threads, median of {args.runs}, "
+          f"every engine in a process of its own; DuckDB {versions['duckdb']}, Polars {versions['polars']}, "
+          f"DataFusion {versions['datafusion']}\n")
     labels = {
         "insitu": "insitu, Parquet",
         "insitu_hybrid": "insitu, hybrid",
