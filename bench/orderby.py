@@ -52,14 +52,23 @@ def timed(fn, runs: int, count) -> tuple:
     return times, count(result)
 
 
-def insitu_times(binary: str, root: str, sql: str, runs: int, threads: int, devices_threads: int) -> tuple:
-    out = subprocess.run(
+def report_of(command: list, what: str) -> dict:
+    """The JSON report a timing process prints last; exits naming `what`,
+    with the process's error output, if it fails."""
+    try:
+        out = subprocess.run(command, capture_output=True, text=True)
+    except OSError as e:
+        sys.exit(f"error: {what}: cannot start {command[0]}: {e}")
+    if out.returncode != 0:
+        sys.exit(f"error: {what} failed:\n{out.stderr}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def insitu_times(binary: str, root: str, sql: str, runs: int, devices_threads: int) -> tuple:
+    report = report_of(
         [binary, "bench", "sql", sql, "--runs", str(runs), "--root", root, "--threads", str(devices_threads)],
-        check=True,
-        capture_output=True,
-        text=True,
+        f"insitu on {sql} ({root})",
     )
-    report = json.loads(out.stdout.strip().splitlines()[-1])
     return report["runs_secs"], report["rows"]
 
 
@@ -69,15 +78,11 @@ ENGINES = ["duckdb", "duckdb_unread", "polars", "datafusion"]
 def engine_times(engine: str, pattern: str, key: str, runs: int, threads: int) -> tuple:
     """Times, result rows and version of ORDER BY `key` by one engine, in
     a process of its own."""
-    out = subprocess.run(
+    report = report_of(
         [sys.executable, os.path.abspath(__file__), "--worker", engine, "--pattern", pattern,
          "--key", key, "--runs", str(runs), "--threads", str(threads)],
-        capture_output=True,
-        text=True,
+        f"{engine} on ORDER BY {key}",
     )
-    if out.returncode != 0:
-        sys.exit(f"error: {engine} on ORDER BY {key} failed:\n{out.stderr}")
-    report = json.loads(out.stdout.strip().splitlines()[-1])
     return report["times"], report["rows"], report["version"]
 
 
@@ -158,13 +163,13 @@ def main() -> int:
             row = {"key": key, "kind": kind, "runs": args.runs}
             counts = {}
             row["insitu"], counts["insitu"] = insitu_times(
-                args.insitu, args.root, sql, args.runs, args.threads, args.device_threads
+                args.insitu, args.root, sql, args.runs, args.device_threads
             )
             if args.hybrid_root:
                 hroot = os.path.join(args.hybrid_root, key)
                 if os.path.isdir(hroot):
                     row["insitu_hybrid"], counts["insitu_hybrid"] = insitu_times(
-                        args.insitu, hroot, sql, args.runs, args.threads, args.device_threads
+                        args.insitu, hroot, sql, args.runs, args.device_threads
                     )
             for engine in ENGINES:
                 row[engine], counts[engine], versions[engine] = engine_times(
