@@ -47,7 +47,10 @@ const INLINE_BYTES_MAX: u32 = 12;
 /// ```
 pub fn validate_utf8_views(views: &[u128], buffers: &[Buffer]) -> Result<(), ArrowError> {
     let ascii = AsciiBuffers::of(buffers);
-    let wide = WideCheck::detect(&ascii);
+    // Its tables are built per call: only for views that fill a chunk.
+    let wide = (views.len() >= VALIDATE_CHUNK_VIEWS)
+        .then(|| WideCheck::detect(&ascii))
+        .flatten();
     let mut whole_utf8: Option<Vec<bool>> = None;
     for (chunk_at, chunk) in views.chunks(VALIDATE_CHUNK_VIEWS).enumerate() {
         let proved = match &wide {

@@ -22,7 +22,7 @@ use std::sync::Arc;
 use super::{rebase_view, ColumnSource, GatherSource};
 use crate::arena::{ChunkArena, OutputBuffer};
 use crate::gather::{fixed_part_bytes, gather_in_range};
-use crate::mem::{recycle, take_vec_filled};
+use crate::mem::{recycle, take_vec};
 
 /// Orders of at most this many ascending runs are scattered
 /// ([`super::SourceLayout::Scattered`]): each run is one write stream per
@@ -147,9 +147,10 @@ impl GatherSource {
                 self.rows
             )));
         }
-        // Pooled: a device's sorts reuse memory already faulted in.
-        let mut dest: Vec<u32> = take_vec_filled(order.len());
-        dest.fill(u32::MAX);
+        // Pooled: a device's sorts reuse memory already faulted in. One
+        // fill, with the marker of a place not yet taken.
+        let mut dest: Vec<u32> = take_vec(order.len());
+        dest.resize(order.len(), u32::MAX);
         let mut repeated = false;
         for (place, &row) in order.iter().enumerate() {
             let slot = dest.get_mut(row as usize).ok_or_else(|| {
