@@ -56,6 +56,26 @@ fn argsorts(c: &mut Criterion) {
         b.iter(|| argsort_top_k::<u32>(&u64s, SortOptions::default(), 100).unwrap())
     });
     g.finish();
+    // The host merge's keys of one fixed-width column.
+    let mut g = c.benchmark_group("key_images");
+    g.throughput(Throughput::Elements(ROWS as u64));
+    g.bench_function("u64", |b| {
+        b.iter(|| key_images(&u64s, SortOptions::default()).unwrap())
+    });
+    let decimals = Decimal128Array::from(
+        random_u64(ROWS, 4)
+            .into_iter()
+            .map(|k| (k % 10_000_000) as i128 - 5_000_000)
+            .collect::<Vec<_>>(),
+    );
+    g.bench_function("decimal128 descending", |b| {
+        let options = SortOptions {
+            descending: true,
+            nulls_first: false,
+        };
+        b.iter(|| key_images(&decimals, options).unwrap())
+    });
+    g.finish();
 }
 
 fn dictionary_string_column() -> ArrayRef {

@@ -19,7 +19,8 @@
 //! device in long runs (a key with few distinct values, or devices holding
 //! key ranges); copying them costs as much as the devices' whole gather.
 //! This merge finds each run with an exponential search over the run's
-//! stream, compares keys in Arrow's row format, and emits a run of at least
+//! stream, compares keys (one fixed-width key as the kernels' key images,
+//! any other ordering in Arrow's row format), and emits a run of at least
 //! [`SLICE_ROWS_MIN`] rows as a zero-copy slice of the device's batch;
 //! shorter runs are interleaved into batches of `batch_size` rows (by the
 //! kernels' `interleave_batches`).
@@ -32,7 +33,9 @@
 use std::fmt;
 use std::sync::Arc;
 
-use arrow::array::{ArrayRef, RecordBatch};
+use std::cmp::Ordering;
+
+use arrow::array::{new_empty_array, ArrayRef, RecordBatch};
 use arrow::datatypes::SchemaRef;
 use arrow::row::{Row, RowConverter, Rows, SortField};
 use datafusion::common::tree_node::TreeNodeRecursion;
@@ -48,6 +51,7 @@ use datafusion::physical_plan::{
     ExecutionPlanProperties, Partitioning, PlanProperties,
 };
 use futures::StreamExt;
+use insitu_kernels::{key_images, KeyImage};
 
 /// A run from one stream at least this long leaves the merge as a slice of
 /// its input batch instead of being copied.
@@ -214,7 +218,7 @@ impl ExecutionPlan for DeviceMergeExec {
     }
 }
 
-/// One input's current batch, its keys in row format and the next row.
+/// One input's current batch, its keys and the next row.
 struct Cursor {
     batch: RecordBatch,
     keys: BatchKeys,
@@ -224,12 +228,12 @@ struct Cursor {
 }
 
 impl Cursor {
-    fn key(&self) -> Row<'_> {
+    fn key(&self) -> Key<'_> {
         self.keys.row(self.next)
     }
 }
 
-/// A batch's sort keys in row format. A sorted batch whose first and
+/// A batch's sort keys. In row format, a sorted batch whose first and
 /// last keys are equal holds one key in every row: ORDER BY a column of a
 /// few values (`l_shipmode`) sends mostly such batches, and one key
 /// stands for all their rows instead of each row's being encoded.
@@ -238,16 +242,19 @@ enum BatchKeys {
     Each(Rows),
     /// One key (a single row) for all `rows` rows.
     Same { key: Rows, rows: usize },
+    /// Each row's key image (an ordering by one fixed-width key).
+    Images(Vec<KeyImage>),
 }
 
 impl BatchKeys {
-    fn row(&self, i: usize) -> Row<'_> {
+    fn row(&self, i: usize) -> Key<'_> {
         match self {
-            BatchKeys::Each(keys) => keys.row(i),
+            BatchKeys::Each(keys) => Key::Row(keys.row(i)),
             BatchKeys::Same { key, rows } => {
                 debug_assert!(i < *rows, "row {i} of {rows}");
-                key.row(0)
+                Key::Row(key.row(0))
             }
+            BatchKeys::Images(images) => Key::Image(images[i]),
         }
     }
 
@@ -255,6 +262,25 @@ impl BatchKeys {
         match self {
             BatchKeys::Each(keys) => keys.num_rows(),
             BatchKeys::Same { rows, .. } => *rows,
+            BatchKeys::Images(images) => images.len(),
+        }
+    }
+}
+
+/// One row's sort key. All batches of a merge hold keys of one kind; keys
+/// of different kinds are unordered (every comparison of them is false).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Key<'a> {
+    Row(Row<'a>),
+    Image(KeyImage),
+}
+
+impl PartialOrd for Key<'_> {
+    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
+        match (self, other) {
+            (Key::Row(a), Key::Row(b)) => Some(a.cmp(b)),
+            (Key::Image(a), Key::Image(b)) => Some(a.cmp(b)),
+            _ => None,
         }
     }
 }
@@ -273,6 +299,9 @@ struct RunMerge {
     cursors: Vec<Option<Cursor>>,
     exhausted: Vec<bool>,
     converter: RowConverter,
+    /// Keys are compared as [`KeyImage`]s: the ordering is one key of a
+    /// type that has them. Else in row format.
+    by_image: bool,
     ordering: LexOrdering,
     batch_size: usize,
     /// Rows still to emit: `fetch`, or unbounded.
@@ -302,12 +331,20 @@ impl RunMerge {
                 ))
             })
             .collect::<Result<Vec<_>>>()?;
+        let by_image = match ordering.iter().collect::<Vec<_>>().as_slice() {
+            [one] => {
+                let empty = new_empty_array(&one.expr.data_type(&schema)?);
+                key_images(&empty, one.options)?.is_some()
+            }
+            _ => false,
+        };
         let n = inputs.len();
         Ok(Self {
             inputs,
             cursors: (0..n).map(|_| None).collect(),
             exhausted: vec![false; n],
             converter: RowConverter::new(fields)?,
+            by_image,
             ordering,
             batch_size: batch_size.max(1),
             remaining: fetch.unwrap_or(usize::MAX),
@@ -362,9 +399,10 @@ impl RunMerge {
         Ok(())
     }
 
-    /// `batch`'s keys: one for all rows if its first and last rows have
-    /// the same key (the batch is sorted, so every row between has it
-    /// too), else each row's.
+    /// `batch`'s keys: each row's image when the merge compares images;
+    /// else one row-format key for all rows if its first and last rows
+    /// have the same key (the batch is sorted, so every row between has
+    /// it too), else each row's.
     fn key_rows(&self, batch: &RecordBatch) -> Result<BatchKeys> {
         let rows = batch.num_rows();
         let columns = self
@@ -372,6 +410,12 @@ impl RunMerge {
             .iter()
             .map(|sort| sort.expr.evaluate(batch)?.into_array(rows))
             .collect::<Result<Vec<_>>>()?;
+        if self.by_image {
+            return match key_images(columns[0].as_ref(), self.ordering[0].options)? {
+                Some(images) => Ok(BatchKeys::Images(images)),
+                None => internal_err!("no key images for {}", columns[0].data_type()),
+            };
+        }
         if rows > 1 {
             let row_at = |i: usize| -> Result<Rows> {
                 let one: Vec<ArrayRef> = columns.iter().map(|c| c.slice(i, 1)).collect();
@@ -408,7 +452,7 @@ impl RunMerge {
 
     /// The input whose next row comes first; ties go to the lower input.
     fn smallest_head(&self) -> Option<usize> {
-        let mut best: Option<(usize, Row<'_>)> = None;
+        let mut best: Option<(usize, Key<'_>)> = None;
         for (i, cursor) in self.cursors.iter().enumerate() {
             let Some(cursor) = cursor else { continue };
             let key = cursor.key();
@@ -423,7 +467,7 @@ impl RunMerge {
     /// head must come first.
     fn run_end(&self, winner: usize) -> usize {
         let cursor = self.cursors[winner].as_ref().expect("winner has a cursor");
-        let mut bound: Option<(usize, Row<'_>)> = None;
+        let mut bound: Option<(usize, Key<'_>)> = None;
         for (i, other) in self.cursors.iter().enumerate() {
             let Some(other) = other.as_ref().filter(|_| i != winner) else {
                 continue;
@@ -508,7 +552,7 @@ impl RunMerge {
 /// to it, unless `take_ties`). The key at `start` must be in the run.
 /// Exponential then binary search: a run of length r costs O(log r)
 /// comparisons.
-fn gallop(keys: &BatchKeys, start: usize, bound: Row<'_>, take_ties: bool) -> usize {
+fn gallop(keys: &BatchKeys, start: usize, bound: Key<'_>, take_ties: bool) -> usize {
     let in_run = |i: usize| {
         let key = keys.row(i);
         if take_ties {
@@ -785,23 +829,52 @@ mod tests {
         assert_eq!(gallop(&same, 2, above.row(0), false), 5);
     }
 
+    /// One fixed-width key is compared as key images (the merge test
+    /// above runs such orderings); strings and several keys in row format.
+    #[test]
+    fn one_fixed_width_key_is_compared_as_images() {
+        let by = |keys: &[(&str, SortOptions)]| {
+            RunMerge::try_new(
+                vec![],
+                schema(),
+                ordering(keys),
+                100,
+                None,
+                BaselineMetrics::new(&ExecutionPlanMetricsSet::new(), 0),
+            )
+            .unwrap()
+            .by_image
+        };
+        let asc = SortOptions::default();
+        assert!(by(&[("k", asc)]) && by(&[("f", asc)]));
+        assert!(!by(&[("s", asc)]) && !by(&[("k", asc), ("f", asc)]));
+    }
+
+    /// In row format and as key images alike.
     #[test]
     fn gallop_finds_the_end_of_a_run() {
+        let asc = SortOptions::default();
         let converter = RowConverter::new(vec![SortField::new(DataType::Int32)]).unwrap();
+        let images = |a: &ArrayRef| key_images(a.as_ref(), asc).unwrap().unwrap();
         let values = [1, 2, 2, 2, 3, 5, 5, 8, 9, 9, 9, 9, 9, 9, 9, 12];
         let column: ArrayRef = Arc::new(Int32Array::from(values.to_vec()));
-        let keys = BatchKeys::Each(converter.convert_columns(&[column]).unwrap());
+        let rows = converter.convert_columns(&[Arc::clone(&column)]).unwrap();
+        let keys = [BatchKeys::Each(rows), BatchKeys::Images(images(&column))];
         for bound in 0..14 {
             let probe: ArrayRef = Arc::new(Int32Array::from(vec![bound]));
-            let probe = converter.convert_columns(&[probe]).unwrap();
-            for start in 0..values.len() {
-                for take_ties in [false, true] {
-                    let in_run = |v: i32| if take_ties { v <= bound } else { v < bound };
-                    if !in_run(values[start]) {
-                        continue;
+            let probe_row = converter.convert_columns(&[Arc::clone(&probe)]).unwrap();
+            let probes = [Key::Row(probe_row.row(0)), Key::Image(images(&probe)[0])];
+            for (keys, probe) in keys.iter().zip(probes) {
+                for start in 0..values.len() {
+                    for take_ties in [false, true] {
+                        let in_run = |v: i32| if take_ties { v <= bound } else { v < bound };
+                        if !in_run(values[start]) {
+                            continue;
+                        }
+                        let want =
+                            start + values[start..].iter().take_while(|&&v| in_run(v)).count();
+                        assert_eq!(gallop(keys, start, probe, take_ties), want);
                     }
-                    let want = start + values[start..].iter().take_while(|&&v| in_run(v)).count();
-                    assert_eq!(gallop(&keys, start, probe.row(0), take_ties), want);
                 }
             }
         }

@@ -19,7 +19,7 @@
 
 use std::sync::Arc;
 
-use arrow::array::{Array, ArrayRef, BooleanArray, UInt32Array, UInt64Array};
+use arrow::array::{Array, ArrayRef, AsArray, BooleanArray, UInt32Array, UInt64Array};
 use arrow::buffer::NullBuffer;
 use arrow::compute::SortOptions;
 use arrow::datatypes::{ArrowNativeType, DataType};
@@ -447,6 +447,104 @@ fn fill_keys<K: RadixKey>(
     Some(Filled { range, top_counts })
 }
 
+/// One row's sort key as a single comparable value: nulls 0 (when they
+/// come first) or `u128::MAX` (last); a value its order-preserving image
+/// (inverted when descending) plus one. A decimal128's image takes all
+/// 128 bits and is clamped to `1..=u128::MAX - 1`: only `i128::MIN` and
+/// `i128::MAX`, beyond every decimal precision, tie with their neighbours.
+pub type KeyImage = u128;
+
+/// Each row's [`KeyImage`] under `options`: rows compare as their images
+/// do, in the order [`argsort`] sorts them (NaN above every number, `-0.0`
+/// equal to `0.0`). `None` for types without a bit transform (strings,
+/// dictionaries, nested types); compare those in `arrow::row` format.
+///
+/// Merging sorted streams by one fixed-width key compares these instead
+/// of row-format keys: no encoding into a byte buffer, no `memcmp`.
+///
+/// ```
+/// use arrow::array::Int64Array;
+/// use arrow::compute::SortOptions;
+/// use insitu_kernels::key_images;
+///
+/// let values = Int64Array::from(vec![Some(-2), None, Some(7)]);
+/// let options = SortOptions { descending: false, nulls_first: true };
+/// let images = key_images(&values, options).unwrap().unwrap();
+/// assert!(images[1] < images[0] && images[0] < images[2]);
+/// ```
+pub fn key_images(
+    values: &dyn Array,
+    options: SortOptions,
+) -> Result<Option<Vec<KeyImage>>, ArrowError> {
+    use DataType::*;
+    let data = values.to_data();
+    let images = match values.data_type() {
+        Boolean => {
+            let bits = values.as_boolean().values().iter();
+            images_of(values, options, 1, bits.map(|b| b as u128))
+        }
+        Float32 => {
+            let v = data.buffer::<f32>(0)[..values.len()].iter();
+            images_of(values, options, 32, v.map(|&x| f32_key(x) as u128))
+        }
+        Float64 => {
+            let v = data.buffer::<f64>(0)[..values.len()].iter();
+            images_of(values, options, 64, v.map(|&x| f64_key(x) as u128))
+        }
+        Int8 => integer_images::<i8>(values, options, &data),
+        Int16 => integer_images::<i16>(values, options, &data),
+        Int32 | Date32 | Time32(_) | Decimal32(_, _) => {
+            integer_images::<i32>(values, options, &data)
+        }
+        Int64 | Date64 | Time64(_) | Timestamp(_, _) | Duration(_) | Decimal64(_, _) => {
+            integer_images::<i64>(values, options, &data)
+        }
+        UInt8 => integer_images::<u8>(values, options, &data),
+        UInt16 => integer_images::<u16>(values, options, &data),
+        UInt32 => integer_images::<u32>(values, options, &data),
+        UInt64 => integer_images::<u64>(values, options, &data),
+        Decimal128(_, _) => integer_images::<i128>(values, options, &data),
+        _ => return Ok(None),
+    };
+    debug_assert_eq!(images.len(), values.len());
+    Ok(Some(images))
+}
+
+fn integer_images<T: IntegerKey>(
+    values: &dyn Array,
+    options: SortOptions,
+    data: &arrow::array::ArrayData,
+) -> Vec<KeyImage> {
+    let bits = 8 * std::mem::size_of::<T>() as u32;
+    let v = data.buffer::<T>(0)[..values.len()].iter();
+    images_of(values, options, bits, v.map(|x| x.key()))
+}
+
+/// The [`KeyImage`]s of `values`, whose rows' order-preserving images
+/// (`bits` wide) `keys` yields.
+fn images_of(
+    values: &dyn Array,
+    options: SortOptions,
+    bits: u32,
+    keys: impl Iterator<Item = u128>,
+) -> Vec<KeyImage> {
+    let flip = match options.descending {
+        true => u128::MAX >> (128 - bits),
+        false => 0,
+    };
+    let image = |k: u128| match bits {
+        128 => (k ^ flip).clamp(1, u128::MAX - 1),
+        _ => (k ^ flip) + 1,
+    };
+    let null_image = if options.nulls_first { 0 } else { u128::MAX };
+    match values.nulls().filter(|n| n.null_count() > 0) {
+        None => keys.map(image).collect(),
+        Some(valid) => (keys.zip(valid.iter()))
+            .map(|(k, valid)| if valid { image(k) } else { null_image })
+            .collect(),
+    }
+}
+
 /// Order-preserving image of an f64: NaN above +inf, -0.0 equal to 0.0.
 #[inline(always)]
 pub(crate) fn f64_key(x: f64) -> u64 {
@@ -519,4 +617,42 @@ fn comparison_argsort<I: SortIndex>(
     let mut idx: Vec<usize> = (0..values.len()).collect();
     idx.sort_by(|&a, &b| compare(a, b));
     Ok(idx.into_iter().map(I::from_usize).collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use arrow::array::Decimal128Array;
+
+    /// Nulls stay before (or after) every value, also the extremes of
+    /// 128-bit decimals, in either direction.
+    #[test]
+    fn decimal_extremes_stay_between_the_nulls() {
+        let values = Decimal128Array::from(vec![
+            Some(i128::MIN),
+            Some(-1),
+            None,
+            Some(0),
+            Some(i128::MAX),
+        ]);
+        for descending in [false, true] {
+            for nulls_first in [false, true] {
+                let options = SortOptions {
+                    descending,
+                    nulls_first,
+                };
+                let images = key_images(&values, options).unwrap().unwrap();
+                let null = images[2];
+                let others = [images[0], images[1], images[3], images[4]];
+                assert!(others
+                    .iter()
+                    .all(|&v| (null < v) == nulls_first && null != v));
+                let ascending = images[1] < images[3];
+                assert_eq!(ascending, !descending);
+                assert!(
+                    ascending == (images[0] < images[1]) && ascending == (images[3] < images[4])
+                );
+            }
+        }
+    }
 }

@@ -37,7 +37,7 @@ pub mod radix;
 mod rows;
 mod views;
 
-pub use argsort::{argsort, argsort_to, argsort_top_k, Parallelism};
+pub use argsort::{argsort, argsort_to, argsort_top_k, key_images, KeyImage, Parallelism};
 pub use decode::{dictionary_decode, dictionary_decode_to_views, DictionaryDecoder};
 pub use dictionary::{
     dictionary_ranks, encode_views, key_mapping_table, low_cardinality_ranks, sort_dictionary,

@@ -1608,3 +1608,40 @@ fn interleave_batches_matches_arrow() {
         }
     }
 }
+
+/// `key_images` against the reference order: rows adjacent in the
+/// reference's sorted order, and random pairs, compare as their images
+/// do; types without an image say so.
+#[test]
+fn key_images_order_like_reference() {
+    let mut rng = StdRng::seed_from_u64(47);
+    for n in SIZES {
+        for array in random_arrays(&mut rng, n) {
+            for o in all_options() {
+                let Some(images) = key_images(array.as_ref(), o).unwrap() else {
+                    assert!(matches!(
+                        array.data_type(),
+                        DataType::Utf8
+                            | DataType::Utf8View
+                            | DataType::Binary
+                            | DataType::Dictionary(_, _)
+                    ));
+                    continue;
+                };
+                assert_eq!(images.len(), n);
+                let keys = ref_keys(array.as_ref());
+                let order = ref_order(&[(Arc::clone(&array), o)]);
+                let random_pairs = (0..n).map(|_| (rng.random_range(0..n), rng.random_range(0..n)));
+                let adjacent = order.windows(2).map(|w| (w[0] as usize, w[1] as usize));
+                for (a, b) in adjacent.chain(random_pairs) {
+                    assert_eq!(
+                        images[a].cmp(&images[b]),
+                        cmp_ref(&keys[a], &keys[b], o),
+                        "{} n={n} {o:?} rows {a} and {b}",
+                        array.data_type()
+                    );
+                }
+            }
+        }
+    }
+}
