@@ -331,10 +331,11 @@ impl RunMerge {
                 ))
             })
             .collect::<Result<Vec<_>>>()?;
-        let by_image = match ordering.iter().collect::<Vec<_>>().as_slice() {
-            [one] => {
-                let empty = new_empty_array(&one.expr.data_type(&schema)?);
-                key_images(&empty, one.options)?.is_some()
+        // Whether the key's type has images: an empty array of it says.
+        let by_image = match ordering.len() {
+            1 => {
+                let empty = new_empty_array(&ordering[0].expr.data_type(&schema)?);
+                key_images(&empty, ordering[0].options)?.is_some()
             }
             _ => false,
         };

@@ -68,6 +68,14 @@ struct Args {
 }
 
 fn parse_args() -> Args {
+    parse(std::env::args().skip(1)).unwrap_or_else(|e| {
+        eprintln!("error: {e}\nusage: {USAGE}");
+        std::process::exit(2)
+    })
+}
+
+/// The arguments, or what is wrong with them.
+fn parse(mut it: impl Iterator<Item = String>) -> Result<Args, String> {
     let mut args = Args {
         rows: 100_000_000,
         reps: 5,
@@ -77,21 +85,31 @@ fn parse_args() -> Args {
         only_shuffle: false,
         only_decode: false,
     };
-    let mut it = std::env::args().skip(1);
     while let Some(a) = it.next() {
-        let mut value = || it.next().unwrap_or_else(|| panic!("{a} needs a value"));
+        let mut value = || it.next().ok_or_else(|| format!("{a} needs a value"));
+        let number = |v: String| {
+            v.parse::<usize>()
+                .map_err(|_| format!("{a} takes a whole number, not {v:?}"))
+        };
         match a.as_str() {
-            "--rows" => args.rows = value().parse().expect("--rows N"),
-            "--reps" => args.reps = value().parse().expect("--reps R"),
-            "--threads" => args.threads = value().parse().expect("--threads T"),
-            "--python" => args.python = Some(value()),
+            "--rows" => args.rows = number(value()?)?,
+            "--reps" => args.reps = number(value()?)?,
+            "--threads" => args.threads = number(value()?)?,
+            "--python" => args.python = Some(value()?),
             "--only-insitu-argsort" => args.only_insitu = true,
             "--only-shuffle" => args.only_shuffle = true,
             "--only-decode" => args.only_decode = true,
-            other => panic!("unknown argument {other}; usage: {USAGE}"),
+            "--help" | "-h" => {
+                println!("usage: {USAGE}");
+                std::process::exit(0)
+            }
+            other => return Err(format!("unknown argument {other}")),
         }
     }
-    args
+    if args.reps == 0 || args.threads == 0 {
+        return Err("--reps and --threads must be at least 1".into());
+    }
+    Ok(args)
 }
 
 fn row(group: &str, name: &str, secs: f64, items: usize, baseline: f64) {
