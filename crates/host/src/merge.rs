@@ -30,10 +30,9 @@
 //! batches referenced by the rows waiting to be interleaved (at most
 //! `batch_size` rows).
 
+use std::cmp::Ordering;
 use std::fmt;
 use std::sync::Arc;
-
-use std::cmp::Ordering;
 
 use arrow::array::{new_empty_array, ArrayRef, RecordBatch};
 use arrow::datatypes::SchemaRef;

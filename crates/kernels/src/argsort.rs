@@ -477,6 +477,9 @@ pub fn key_images(
     options: SortOptions,
 ) -> Result<Option<Vec<KeyImage>>, ArrowError> {
     use DataType::*;
+    // The transforms of `normalize`, but not its dictionary and string
+    // ranks: those order one array's rows, and images must compare across
+    // arrays.
     let data = values.to_data();
     let images = match values.data_type() {
         Boolean => {
