@@ -784,21 +784,19 @@ mod tests {
         assert_eq!(out[0].column(0).len(), 1000);
     }
 
+    /// A merge state by `keys` over no inputs, to look at how it keys batches.
+    fn merge_of_no_inputs(keys: &[(&str, SortOptions)]) -> RunMerge {
+        let metrics = BaselineMetrics::new(&ExecutionPlanMetricsSet::new(), 0);
+        RunMerge::try_new(vec![], schema(), ordering(keys), 100, None, metrics).unwrap()
+    }
+
     /// A batch whose first and last keys match keeps one key for all its
     /// rows; a batch whose keys differ, or that holds one row, keeps each
     /// row's.
     #[test]
     fn a_batch_of_one_key_keeps_one_row_of_keys() {
         let asc = SortOptions::default();
-        let merge = RunMerge::try_new(
-            vec![],
-            schema(),
-            ordering(&[("s", asc), ("k", asc)]),
-            100,
-            None,
-            BaselineMetrics::new(&ExecutionPlanMetricsSet::new(), 0),
-        )
-        .unwrap();
+        let merge = merge_of_no_inputs(&[("s", asc), ("k", asc)]);
         let batch = |k: Vec<i32>, s: Vec<&str>| {
             let n = k.len();
             let columns: Vec<ArrayRef> = vec![
@@ -833,18 +831,7 @@ mod tests {
     /// above runs such orderings); strings and several keys in row format.
     #[test]
     fn one_fixed_width_key_is_compared_as_images() {
-        let by = |keys: &[(&str, SortOptions)]| {
-            RunMerge::try_new(
-                vec![],
-                schema(),
-                ordering(keys),
-                100,
-                None,
-                BaselineMetrics::new(&ExecutionPlanMetricsSet::new(), 0),
-            )
-            .unwrap()
-            .by_image
-        };
+        let by = |keys: &[(&str, SortOptions)]| merge_of_no_inputs(keys).by_image;
         let asc = SortOptions::default();
         assert!(by(&[("k", asc)]) && by(&[("f", asc)]));
         assert!(!by(&[("s", asc)]) && !by(&[("k", asc), ("f", asc)]));
