@@ -894,6 +894,11 @@ where
     Ok((out_offsets, out))
 }
 
+/// Rows ahead whose slot [`copy_slots`] prefetches when the table crowds
+/// L2: criterion `decoder strings 64Ki entries` (a 2 MiB table, 2 MiB L2)
+/// 4.29 ms without, 3.84 ms 16 rows ahead, 3.74 ms 32, 3.71 ms 64.
+const SLOT_PREFETCH_ROWS: usize = 32;
+
 /// Moves row `i`'s whole slot to `dst + offsets[i]`, in row order: the
 /// padding past the value lands where the next row's value goes. One
 /// 32-byte load and store a row with AVX2 ([`with_avx2`]).
@@ -920,10 +925,22 @@ unsafe fn copy_slots_inline<O: ArrowNativeType>(
     dst: *mut u8,
 ) {
     debug_assert_eq!(offsets.len(), codes.len() + 1);
-    for (row, &code) in codes.iter().enumerate() {
+    let move_slot = |row: usize, code: u32| {
         let slot = slots.get_unchecked(code as usize).0;
         let at = offsets.get_unchecked(row).as_usize();
         (dst.add(at) as *mut [u8; SHORT_VALUE_BYTES]).write_unaligned(slot);
+    };
+    let prefetched = match prefetch_pays(std::mem::size_of_val(slots)) {
+        true => codes.len().saturating_sub(SLOT_PREFETCH_ROWS),
+        false => 0,
+    };
+    for (row, &code) in codes[..prefetched].iter().enumerate() {
+        let ahead = *codes.get_unchecked(row + SLOT_PREFETCH_ROWS);
+        prefetch(slots.as_ptr().wrapping_add(ahead as usize));
+        move_slot(row, code);
+    }
+    for (row, &code) in codes.iter().enumerate().skip(prefetched) {
+        move_slot(row, code);
     }
 }
 
