@@ -99,6 +99,12 @@ pub fn take_vec_filled<T: Pod + Default>(n: usize) -> Vec<T> {
     SCRATCH_POOL.take_vec_filled(n)
 }
 
+/// Room for `n` values from the process-wide pool, holding as many
+/// initialized values as it has ([`ScratchPool::take_vec_initialized`]).
+pub fn take_vec_initialized<T: Pod>(n: usize) -> Vec<T> {
+    SCRATCH_POOL.take_vec_initialized(n)
+}
+
 /// Gives `v`'s allocation to the process-wide pool.
 pub fn recycle<T: Pod>(v: Vec<T>) {
     SCRATCH_POOL.recycle(v)
@@ -183,6 +189,28 @@ impl ScratchPool {
                 // SAFETY: the allocation is zeroed and T (plain data) is
                 // valid for any bits.
                 unsafe { v.set_len(n) };
+                v
+            }
+        }
+    }
+
+    /// A vector with room for `n` values or more whose length is what of
+    /// it is initialized: the values a previous user left (any content),
+    /// or the whole capacity of a fresh allocation, which is zeroed. For
+    /// callers that initialize only what they use of a generous capacity.
+    pub fn take_vec_initialized<T: Pod>(&self, n: usize) -> Vec<T> {
+        match self.take_parked::<T>(n) {
+            Some(parked) => {
+                let init = parked.init_bytes / std::mem::size_of::<T>();
+                // SAFETY: as in `take_vec`; the first `init` values were
+                // initialized by a previous user, and T is valid for any bits.
+                unsafe { parked.into_vec(init) }
+            }
+            None => {
+                let mut v = zeroed_huge_vec(pooled_capacity::<T>(n));
+                // SAFETY: the allocation is zeroed and T (plain data) is
+                // valid for any bits.
+                unsafe { v.set_len(v.capacity()) };
                 v
             }
         }
