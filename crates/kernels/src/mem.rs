@@ -175,23 +175,10 @@ impl ScratchPool {
     /// `n` values of unspecified content (whatever a previous user left, or
     /// zeros), for buffers that are written before they are read.
     pub fn take_vec_filled<T: Pod + Default>(&self, n: usize) -> Vec<T> {
-        match self.take_parked::<T>(n) {
-            Some(parked) => {
-                let init = (parked.init_bytes / std::mem::size_of::<T>()).min(n);
-                // SAFETY: as in `take_vec`; the first `init` values were
-                // initialized by a previous user, and T is valid for any bits.
-                let mut v = unsafe { parked.into_vec(init) };
-                v.resize(n, T::default());
-                v
-            }
-            None => {
-                let mut v = zeroed_huge_vec(pooled_capacity::<T>(n));
-                // SAFETY: the allocation is zeroed and T (plain data) is
-                // valid for any bits.
-                unsafe { v.set_len(n) };
-                v
-            }
-        }
+        let mut v = self.take_vec_initialized(n);
+        // Zeroes only what no previous user initialized.
+        v.resize(n, T::default());
+        v
     }
 
     /// A vector with room for `n` values or more whose length is what of
