@@ -129,7 +129,7 @@ impl ChunkArena {
             capacity,
             state: Mutex::new(ArenaState {
                 cursor: body,
-                initialized: before.saturating_sub(skip).min(capacity),
+                initialized: before.saturating_sub(skip),
                 ..ArenaState::default()
             }),
             memory,
@@ -159,18 +159,15 @@ impl ChunkArena {
         if state.sealed || end > self.inner.capacity {
             return None;
         }
-        // SAFETY: the gap, and what the region adds to the initialized
-        // memory, lie within the allocation past every region handed out,
-        // so nothing else reads or writes them.
-        unsafe {
-            let base = self.inner.base.as_ptr();
-            std::ptr::write_bytes(base.add(state.cursor), 0, start - state.cursor);
-            if end > state.initialized {
-                let from = state.initialized;
-                std::ptr::write_bytes(base.add(from), 0, end - from);
-                state.initialized = end;
-            }
-        }
+        // One write zeroes the gap and, when the region passes the
+        // initialized prefix, everything from the prefix's end to the
+        // region's (before the first region, the reserve's tail too).
+        let from = state.cursor.min(state.initialized);
+        let to = if end > state.initialized { end } else { start };
+        // SAFETY: `from..to` lies within the allocation, past every region
+        // handed out, so nothing else reads or writes it.
+        unsafe { std::ptr::write_bytes(self.inner.base.as_ptr().add(from), 0, to - from) };
+        state.initialized = state.initialized.max(end);
         state.cursor = end;
         state.open += 1;
         state.regions.push((start, bytes));
@@ -259,8 +256,9 @@ impl Drop for Arena {
         let initialized = skip + self.lock_state().initialized;
         let mut memory = std::mem::take(&mut self.memory);
         // SAFETY: the first `initialized` bytes of the allocation are
-        // initialized (see `new` and `alloc`), and any bits are a u128.
-        unsafe { memory.set_len((initialized / 16).max(memory.len()).min(memory.capacity())) };
+        // initialized (see `new` and `alloc`; never fewer than its length
+        // then, nor more than it holds), and any bits are a u128.
+        unsafe { memory.set_len(initialized / 16) };
         recycle(memory);
     }
 }
