@@ -15,6 +15,10 @@ Every engine runs in a process of its own, started afresh for each key
 that none is timed beside what another keeps allocated between queries,
 and each starts from the same state.
 
+Each process also reports its peak resident memory (its VmHWM: the
+warm-up and all runs, interpreter or embedded devices included), printed
+as a second table: what holding the sorted result costs each engine.
+
 Usage: orderby.py --insitu BIN --root ROOT [--hybrid-root ROOT] [--runs N] [--threads N]
 Prints a Markdown table; --out FILE also writes the rows as JSON lines.
 """
@@ -69,7 +73,7 @@ def insitu_times(binary: str, root: str, sql: str, runs: int, devices_threads: i
         [binary, "bench", "sql", sql, "--runs", str(runs), "--root", root, "--threads", str(devices_threads)],
         f"insitu on {sql} ({root})",
     )
-    return report["runs_secs"], report["rows"]
+    return report["runs_secs"], report["rows"], report["peak_rss_bytes"]
 
 
 ENGINES = ["duckdb", "duckdb_unread", "polars", "datafusion"]
@@ -83,7 +87,22 @@ def engine_times(engine: str, pattern: str, key: str, runs: int, threads: int) -
          "--key", key, "--runs", str(runs), "--threads", str(threads)],
         f"{engine} on ORDER BY {key}",
     )
-    return report["times"], report["rows"], report["version"]
+    return report["times"], report["rows"], report["version"], report["peak_rss_bytes"]
+
+
+def peak_rss_bytes() -> int:
+    """This process's peak resident memory: VmHWM where /proc has it
+    (ru_maxrss would count the parent's memory before exec)."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
 def worker(engine: str, pattern: str, key: str, runs: int, threads: int) -> dict:
@@ -119,7 +138,7 @@ def worker(engine: str, pattern: str, key: str, runs: int, threads: int) -> dict
         version = datafusion.__version__
     else:
         sys.exit(f"error: unknown engine {engine!r}; one of {', '.join(ENGINES)}")
-    return {"times": times, "rows": rows, "version": version}
+    return {"times": times, "rows": rows, "version": version, "peak_rss_bytes": peak_rss_bytes()}
 
 
 def worker_main() -> int:
@@ -162,17 +181,17 @@ def main() -> int:
             sql = f"SELECT * FROM lineitem ORDER BY {key}"
             row = {"key": key, "kind": kind, "runs": args.runs}
             counts = {}
-            row["insitu"], counts["insitu"] = insitu_times(
+            row["insitu"], counts["insitu"], row["insitu_rss"] = insitu_times(
                 args.insitu, args.root, sql, args.runs, args.device_threads
             )
             if args.hybrid_root:
                 hroot = os.path.join(args.hybrid_root, key)
                 if os.path.isdir(hroot):
-                    row["insitu_hybrid"], counts["insitu_hybrid"] = insitu_times(
+                    row["insitu_hybrid"], counts["insitu_hybrid"], row["insitu_hybrid_rss"] = insitu_times(
                         args.insitu, hroot, sql, args.runs, args.device_threads
                     )
             for engine in ENGINES:
-                row[engine], counts[engine], versions[engine] = engine_times(
+                row[engine], counts[engine], versions[engine], row[f"{engine}_rss"] = engine_times(
                     engine, pattern, key, args.runs, args.threads
                 )
             # A timing of an engine that returned a different result is no
@@ -202,6 +221,12 @@ def main() -> int:
         cells = [f"{med[e]:.3f}" if e in med else "-" for e in engines]
         ratios = [f"{med[e] / med['insitu']:.2f}x" for e in ("duckdb", "polars", "datafusion")]
         print(f"| {r['key']} ({r['kind']}) | " + " | ".join(cells) + " | " + " | ".join(ratios) + " |")
+    print("\nPeak resident memory of each engine's process (GiB; warm-up and all runs):\n")
+    print("| key | " + " | ".join(labels[e] for e in engines) + " |")
+    print("|---" * (len(engines) + 1) + "|")
+    for r in rows:
+        cells = [f"{r[e + '_rss'] / 2**30:.2f}" if e + "_rss" in r else "-" for e in engines]
+        print(f"| {r['key']} | " + " | ".join(cells) + " |")
     if args.out:
         tmp = args.out + ".tmp"
         with open(tmp, "w") as f:

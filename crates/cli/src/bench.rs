@@ -573,6 +573,9 @@ struct SqlBenchResult {
     runs_secs: Vec<f64>,
     median_secs: f64,
     link_bytes_to_host: u64,
+    /// The process's peak resident memory over the warm-up and all runs
+    /// (host, devices and results together: embedded devices share it).
+    peak_rss_bytes: u64,
 }
 
 pub async fn sql(a: SqlBenchArgs) -> Result<(), String> {
@@ -599,6 +602,7 @@ pub async fn sql(a: SqlBenchArgs) -> Result<(), String> {
         median_secs: sorted[sorted.len() / 2],
         runs_secs: runs,
         link_bytes_to_host: last.link_bytes_to_host,
+        peak_rss_bytes: insitu_extsort::io::peak_rss_bytes(),
     };
     println!(
         "{}",
