@@ -29,13 +29,25 @@
 //! stable across devices. Memory held: one batch per input, plus the input
 //! batches referenced by the rows waiting to be interleaved (at most
 //! `batch_size` rows).
+//!
+//! An interleaved batch copies its rows' fixed-width values and string
+//! views, but its views point at the strings where they lie. A device's
+//! batch arrives with every buffer slicing the one allocation its message
+//! came in, so before its first rows are interleaved, the batch's string
+//! bytes are copied out ([`with_own_string_bytes`]); otherwise the output
+//! would keep whole messages alive, every column of them, as long as it
+//! lives (a sorted lineitem SF1 collected on the host: 4.3 GiB peak
+//! resident memory instead of 3.1 GiB).
 
 use std::cmp::Ordering;
 use std::fmt;
 use std::sync::Arc;
 
-use arrow::array::{new_empty_array, ArrayRef, RecordBatch};
-use arrow::datatypes::SchemaRef;
+use arrow::array::{
+    new_empty_array, ArrayRef, AsArray, GenericByteViewArray, RecordBatch, RecordBatchOptions,
+};
+use arrow::buffer::Buffer;
+use arrow::datatypes::{ByteViewType, DataType, SchemaRef};
 use arrow::row::{Row, RowConverter, Rows, SortField};
 use datafusion::common::tree_node::TreeNodeRecursion;
 use datafusion::common::{internal_err, Result};
@@ -224,6 +236,8 @@ struct Cursor {
     next: usize,
     /// Index of `batch` in [`Pending::batches`], once a row of it waits there.
     pending_slot: Option<usize>,
+    /// Whether `batch`'s string bytes are its own copy already.
+    owns_strings: bool,
 }
 
 impl Cursor {
@@ -391,6 +405,7 @@ impl RunMerge {
                             keys,
                             next: 0,
                             pending_slot: None,
+                            owns_strings: false,
                         });
                     }
                 }
@@ -511,6 +526,10 @@ impl RunMerge {
             let slot = match cursor.pending_slot {
                 Some(slot) => slot,
                 None => {
+                    if !cursor.owns_strings {
+                        cursor.batch = with_own_string_bytes(&cursor.batch)?;
+                        cursor.owns_strings = true;
+                    }
                     self.pending.batches.push(cursor.batch.clone());
                     let slot = self.pending.batches.len() - 1;
                     cursor.pending_slot = Some(slot);
@@ -546,6 +565,32 @@ impl RunMerge {
         }
         Ok(())
     }
+}
+
+/// `batch` with the string bytes of its view columns copied into buffers
+/// of their own (views unchanged: same buffer indices and offsets).
+fn with_own_string_bytes(batch: &RecordBatch) -> Result<RecordBatch> {
+    fn own<T: ByteViewType + ?Sized>(array: &GenericByteViewArray<T>) -> ArrayRef {
+        let (views, buffers, nulls) = array.clone().into_parts();
+        let buffers: Vec<Buffer> = (buffers.iter())
+            .map(|b| Buffer::from_slice_ref::<u8, _>(b.as_slice()))
+            .collect();
+        // SAFETY: the same views over byte-for-byte copies of their buffers.
+        Arc::new(unsafe { GenericByteViewArray::<T>::new_unchecked(views, buffers, nulls) })
+    }
+    let columns = (batch.columns().iter())
+        .map(|column| match column.data_type() {
+            DataType::Utf8View => own(column.as_string_view()),
+            DataType::BinaryView => own(column.as_binary_view()),
+            _ => Arc::clone(column),
+        })
+        .collect();
+    let options = RecordBatchOptions::new().with_row_count(Some(batch.num_rows()));
+    Ok(RecordBatch::try_new_with_options(
+        batch.schema(),
+        columns,
+        &options,
+    )?)
 }
 
 /// First position at or after `start` whose key is past `bound` (or equal
@@ -588,7 +633,9 @@ fn gallop(keys: &BatchKeys, start: usize, bound: Key<'_>, take_ties: bool) -> us
 #[cfg(test)]
 mod tests {
     use super::*;
-    use arrow::array::{Array, Float64Array, Int32Array, StringArray, UInt32Array};
+    use arrow::array::{
+        Array, Float64Array, Int32Array, StringArray, StringViewArray, UInt32Array,
+    };
     use arrow::compute::SortOptions;
     use arrow::compute::{concat_batches, lexsort_to_indices, take_record_batch, SortColumn};
     use arrow::datatypes::{DataType, Field, Schema};
@@ -782,6 +829,69 @@ mod tests {
         };
         assert!(same_buffer(&out[0], &zero) && same_buffer(&out[1], &one));
         assert_eq!(out[0].column(0).len(), 1000);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn interleaved_rows_keep_no_input_string_bytes_alive() {
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("k", DataType::Int32, false),
+            Field::new("s", DataType::Utf8View, true),
+        ]));
+        let long = |k: i32| format!("string number {k}, past twelve bytes");
+        // Input 0 holds the even keys, input 1 the odd ones: runs of one.
+        let input = |first: i32| {
+            let keys: Vec<i32> = (0..500).map(|i| first + 2 * i).collect();
+            let strings: StringViewArray = keys
+                .iter()
+                .map(|&k| (k % 7 != 0).then(|| long(k)))
+                .collect();
+            let columns: Vec<ArrayRef> = vec![Arc::new(Int32Array::from(keys)), Arc::new(strings)];
+            RecordBatch::try_new(Arc::clone(&schema), columns).unwrap()
+        };
+        let inputs = [input(0), input(1)];
+        let partitions: Vec<Vec<RecordBatch>> = inputs.iter().map(|b| vec![b.clone()]).collect();
+        let source =
+            MemorySourceConfig::try_new_exec(&partitions, Arc::clone(&schema), None).unwrap();
+        let ordering = LexOrdering::new([PhysicalSortExpr {
+            expr: col("k", &schema).unwrap(),
+            options: SortOptions::default(),
+        }])
+        .unwrap();
+        let merge = DeviceMergeExec::new(ordering, source);
+        let ctx = SessionContext::new_with_config(SessionConfig::new().with_batch_size(128));
+        let out = collect(Arc::new(merge), ctx.task_ctx()).await.unwrap();
+
+        let got = concat_batches(&schema, &out).unwrap();
+        let keys: Vec<i32> = (0..1000).collect();
+        let strings: StringViewArray = keys
+            .iter()
+            .map(|&k| (k % 7 != 0).then(|| long(k)))
+            .collect();
+        let want = RecordBatch::try_new(
+            Arc::clone(&schema),
+            vec![Arc::new(Int32Array::from(keys)), Arc::new(strings)],
+        )
+        .unwrap();
+        assert_eq!(got, want);
+        let ranges = |batch: &RecordBatch| -> Vec<std::ops::Range<*const u8>> {
+            let views = batch.column(1).as_string_view();
+            views
+                .data_buffers()
+                .iter()
+                .map(|b| b.as_slice().as_ptr_range())
+                .collect()
+        };
+        let input_ranges: Vec<_> = inputs.iter().flat_map(ranges).collect();
+        for batch in &out {
+            for range in ranges(batch) {
+                assert!(
+                    input_ranges
+                        .iter()
+                        .all(|i| range.end <= i.start || i.end <= range.start),
+                    "an output string buffer lies in an input's memory"
+                );
+            }
+        }
     }
 
     /// A merge state by `keys` over no inputs, to look at how it keys batches.
