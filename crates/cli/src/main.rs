@@ -98,7 +98,8 @@ enum BenchWhat {
     /// Concurrent clients running TPC-H queries against a cluster.
     Load(bench::LoadArgs),
     /// One SQL query run repeatedly (results collected, not printed);
-    /// prints each run's time and the median as JSON.
+    /// prints each run's time, the median and the process's peak
+    /// resident memory as JSON.
     Sql(bench::SqlBenchArgs),
 }
 
