@@ -15,11 +15,17 @@ Every engine runs in a process of its own, started afresh for each key
 that none is timed beside what another keeps allocated between queries,
 and each starts from the same state.
 
+With --rounds R, every engine runs R times in turn for each key (a fresh
+process, a warm-up and --runs timed runs each time) and its median is taken
+over all R x --runs times: a shared machine whose speed drifts over minutes
+then slows every engine alike instead of whichever ran during the slow
+minutes.
+
 Each process also reports its peak resident memory (its VmHWM: the
 warm-up and all runs, interpreter or embedded devices included), printed
 as a second table: what holding the sorted result costs each engine.
 
-Usage: orderby.py --insitu BIN --root ROOT [--hybrid-root ROOT] [--runs N] [--threads N]
+Usage: orderby.py --insitu BIN --root ROOT [--hybrid-root ROOT] [--runs N] [--rounds R] [--threads N]
 Prints a Markdown table; --out FILE also writes the rows as JSON lines.
 """
 import argparse
@@ -160,13 +166,16 @@ def main() -> int:
     ap.add_argument("--insitu", required=True)
     ap.add_argument("--root", required=True, help="insitu data root with lineitem in Parquet")
     ap.add_argument("--hybrid-root", help="the same lineitem in the hybrid layout, keyed per query")
-    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--runs", type=int, default=3, help="timed runs per process, after one warm-up")
+    ap.add_argument("--rounds", type=int, default=1, help="processes per engine and key, the engines taking turns")
     ap.add_argument("--threads", type=int, default=2, help="threads of every engine")
     ap.add_argument("--device-threads", type=int, default=1, help="threads per insitu device")
     ap.add_argument("--out")
     args = ap.parse_args()
     if args.runs < 1:
         sys.exit("error: --runs must be at least 1")
+    if args.rounds < 1:
+        sys.exit("error: --rounds must be at least 1")
     files = sorted(glob.glob(os.path.join(args.root, "dev*", "lineitem", "*.parquet")))
     if not files:
         sys.exit(f"error: no lineitem partitions under {args.root}")
@@ -179,30 +188,32 @@ def main() -> int:
         versions = {}
         for key, kind in KEYS:
             sql = f"SELECT * FROM lineitem ORDER BY {key}"
-            row = {"key": key, "kind": kind, "runs": args.runs}
+            row = {"key": key, "kind": kind, "runs": args.runs, "rounds": args.rounds}
             counts = {}
-            row["insitu"], counts["insitu"], row["insitu_rss"] = insitu_times(
-                args.insitu, args.root, sql, args.runs, args.device_threads
-            )
-            if args.hybrid_root:
-                hroot = os.path.join(args.hybrid_root, key)
-                if os.path.isdir(hroot):
-                    row["insitu_hybrid"], counts["insitu_hybrid"], row["insitu_hybrid_rss"] = insitu_times(
-                        args.insitu, hroot, sql, args.runs, args.device_threads
-                    )
-            for engine in ENGINES:
-                row[engine], counts[engine], versions[engine], row[f"{engine}_rss"] = engine_times(
-                    engine, pattern, key, args.runs, args.threads
-                )
+
+            def add(engine: str, times: list, count: int, rss: int) -> None:
+                row[engine] = row.get(engine, []) + times
+                row[f"{engine}_rss"] = max(row.get(f"{engine}_rss", 0), rss)
+                counts.setdefault(engine, set()).add(count)
+
+            hroot = os.path.join(args.hybrid_root, key) if args.hybrid_root else None
+            for _ in range(args.rounds):
+                add("insitu", *insitu_times(args.insitu, args.root, sql, args.runs, args.device_threads))
+                if hroot and os.path.isdir(hroot):
+                    add("insitu_hybrid", *insitu_times(args.insitu, hroot, sql, args.runs, args.device_threads))
+                for engine in ENGINES:
+                    times, count, versions[engine], rss = engine_times(engine, pattern, key, args.runs, args.threads)
+                    add(engine, times, count, rss)
             # A timing of an engine that returned a different result is no
             # comparison (the answers themselves are checked by the tests).
-            if len(set(counts.values())) != 1:
+            if len(set().union(*counts.values())) != 1:
                 sys.exit(f"error: ORDER BY {key} returned different row counts: {counts}")
-            row["rows"] = counts["insitu"]
+            row["rows"] = counts["insitu"].pop()
             rows.append(row)
             print(f"{key}: " + ", ".join(f"{k} {statistics.median(v):.3f}s" for k, v in row.items() if isinstance(v, list)), file=sys.stderr)
     engines = ["insitu"] + (["insitu_hybrid"] if any("insitu_hybrid" in r for r in rows) else []) + ENGINES
-    print(f"ORDER BY on lineitem ({len(files)} Parquet partitions), all columns, {args.threads} threads, median of {args.runs}, "
+    runs = f"{args.runs}" if args.rounds == 1 else f"{args.rounds * args.runs} ({args.rounds} rounds of {args.runs}, engines taking turns)"
+    print(f"ORDER BY on lineitem ({len(files)} Parquet partitions), all columns, {args.threads} threads, median of {runs}, "
           f"every engine in a process of its own; DuckDB {versions['duckdb']}, Polars {versions['polars']}, "
           f"DataFusion {versions['datafusion']}\n")
     labels = {

@@ -5,17 +5,20 @@
 # an integer, two dictionary-encoded strings, a decimal, and the integer key
 # lineitem is generated in (input already sorted).
 #
-#   bench/orderby.sh [SF] [RUNS] [DEVICES] [THREADS]    e.g. bench/orderby.sh 1 3 2 2
+#   bench/orderby.sh [SF] [RUNS] [DEVICES] [THREADS] [ROUNDS]    e.g. bench/orderby.sh 1 3 2 2 3
 #
 # Data: TPC-H lineitem at SF on DEVICES devices (generated once under the
 # insitu data directory). Every engine gets THREADS threads; insitu devices
-# get THREADS/DEVICES each. Writes bench/results/orderby-sf{SF}.{md,jsonl}.
+# get THREADS/DEVICES each. With ROUNDS (default 1) above 1, the engines take
+# turns ROUNDS times per key, RUNS timed runs each time, and each median is
+# over all of them. Writes bench/results/orderby-sf{SF}.{md,jsonl}.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 sf="${1:-1}"
 runs="${2:-3}"
 devices="${3:-2}"
 threads="${4:-2}"
+rounds="${5:-1}"
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/insitu-target}"
 cargo build --release --quiet
 insitu="$CARGO_TARGET_DIR/release/insitu"
@@ -38,7 +41,7 @@ out="bench/results/orderby-sf${sf}"
 # A failed run leaves no partial results behind.
 trap 'rm -f "$out.md.tmp" "$out.jsonl.tmp"' EXIT
 "$venv/bin/python" bench/orderby.py --insitu "$insitu" --root "$data/parquet" \
-  --hybrid-root "$data/hybrid" --runs "$runs" --threads "$threads" \
+  --hybrid-root "$data/hybrid" --runs "$runs" --rounds "$rounds" --threads "$threads" \
   --device-threads "$per_device" --out "$out.jsonl" > "$out.md.tmp"
 mv "$out.md.tmp" "$out.md"
 cat "$out.md"
