@@ -543,8 +543,16 @@ unsafe fn scatter_raw<K: RadixKey, I: SortIndex>(
         // one group); `at..` holds them in the stage.
         unsafe {
             let n = hi + 1 - lo;
-            std::ptr::copy_nonoverlapping(keys.as_ptr().add(at), target.keys.add(lo), n);
-            std::ptr::copy_nonoverlapping(rows.as_ptr().add(at), target.idx.add(lo), n);
+            if n == STAGE_ROWS {
+                // A whole group: a copy of known size, inlined as a few
+                // vector moves. Through `memmove` (size known only at run
+                // time) the calls took 18% of a 100M-key argsort.
+                copy_group(keys.as_ptr().add(at), target.keys.add(lo));
+                copy_group(rows.as_ptr().add(at), target.idx.add(lo));
+            } else {
+                std::ptr::copy_nonoverlapping(keys.as_ptr().add(at), target.keys.add(lo), n);
+                std::ptr::copy_nonoverlapping(rows.as_ptr().add(at), target.idx.add(lo), n);
+            }
         }
     };
     for (&k, i) in keys.iter().zip(rows) {
@@ -578,6 +586,16 @@ unsafe fn scatter_raw<K: RadixKey, I: SortIndex>(
             copy_out(b, lo, end - 1, &stage_keys, &stage_rows);
         }
     }
+}
+
+/// Copies `STAGE_ROWS` values from `src` to `dst`.
+///
+/// # Safety
+/// Both ranges valid for `STAGE_ROWS` values and not overlapping.
+#[inline(always)]
+unsafe fn copy_group<T: Copy>(src: *const T, dst: *mut T) {
+    let group = src.cast::<[T; STAGE_ROWS]>().read_unaligned();
+    dst.cast::<[T; STAGE_ROWS]>().write_unaligned(group);
 }
 
 /// A hint that the cache line at `p` will soon be written; never faults,
