@@ -801,6 +801,41 @@ mod tests {
         }
     }
 
+    /// Two inputs whose keys interleave finely, coarsely (long runs,
+    /// sliced), with ties between the inputs, and one running out of
+    /// batches first.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn two_inputs_merge_like_a_stable_sort() {
+        let asc = SortOptions::default();
+        let desc = SortOptions {
+            descending: true,
+            nulls_first: false,
+        };
+        let mut rng = Rng(0x2545_f491_4f6c_dd1d);
+        for (rows_a, rows_b) in [(20_000, 20_000), (20_000, 3_000), (7, 20_000)] {
+            for distinct in [3u64, 1000, 1 << 20] {
+                for ordering in [ordering(&[("k", asc)]), ordering(&[("f", desc)])] {
+                    let sorted = [(rows_a, 0), (rows_b, 1)].map(|(n, i)| {
+                        sort_batch(&random_batch(&mut rng, n, distinct, i), &ordering)
+                    });
+                    let partitions: Vec<Vec<RecordBatch>> =
+                        sorted.iter().map(|p| cut(&mut rng, p)).collect();
+                    for fetch in [None, Some(rows_b / 3)] {
+                        let batch_size = [7, 300, 4096][rng.below(3) as usize];
+                        let out = merged(partitions.clone(), &ordering, fetch, batch_size).await;
+                        let got = concat_batches(&schema(), &out).unwrap();
+                        let want = expected(&sorted, &ordering, fetch);
+                        assert_eq!(
+                            got, want,
+                            "rows {rows_a} and {rows_b}, distinct {distinct}, fetch {fetch:?}, \
+                             batch size {batch_size}, ordering {ordering}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn long_runs_leave_as_slices_of_the_input() {
         let asc = SortOptions::default();
