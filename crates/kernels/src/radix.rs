@@ -545,8 +545,11 @@ unsafe fn scatter_raw<K: RadixKey, I: SortIndex>(
             let n = hi + 1 - lo;
             if n == STAGE_ROWS {
                 // A whole group: a copy of known size, inlined as a few
-                // vector moves. Through `memmove` (size known only at run
-                // time) the calls took 18% of a 100M-key argsort.
+                // vector moves. Calls to `memmove` (size known only at
+                // run time) held 18% of a 100M-key argsort's profile;
+                // without them the stores still wait on memory, and the
+                // sort (sortbench, 7 processes each, alternated) went
+                // from a median 79.1 to 85.4 M keys/s.
                 copy_group(keys.as_ptr().add(at), target.keys.add(lo));
                 copy_group(rows.as_ptr().add(at), target.idx.add(lo));
             } else {
