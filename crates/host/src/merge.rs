@@ -759,17 +759,39 @@ mod tests {
         collect(Arc::new(merge), ctx.task_ctx()).await.unwrap()
     }
 
+    const DESC_NULLS_LAST: SortOptions = SortOptions {
+        descending: true,
+        nulls_first: false,
+    };
+
+    /// [`merged`], asserting that the output is the stable sort of the
+    /// `sorted` inputs the `partitions` were cut from; `case` names the
+    /// inputs in the failure message.
+    async fn merged_checked(
+        sorted: &[RecordBatch],
+        partitions: &[Vec<RecordBatch>],
+        ordering: &LexOrdering,
+        fetch: Option<usize>,
+        batch_size: usize,
+        case: &str,
+    ) -> Vec<RecordBatch> {
+        let out = merged(partitions.to_vec(), ordering, fetch, batch_size).await;
+        let got = concat_batches(&schema(), &out).unwrap();
+        assert_eq!(
+            got,
+            expected(sorted, ordering, fetch),
+            "{case}, fetch {fetch:?}, batch size {batch_size}, ordering {ordering}"
+        );
+        out
+    }
+
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn merge_matches_a_stable_sort_of_all_inputs() {
         let asc = SortOptions::default();
-        let desc_nulls_last = SortOptions {
-            descending: true,
-            nulls_first: false,
-        };
         let orderings = [
             ordering(&[("k", asc)]),
-            ordering(&[("f", desc_nulls_last)]),
-            ordering(&[("s", asc), ("k", desc_nulls_last)]),
+            ordering(&[("f", DESC_NULLS_LAST)]),
+            ordering(&[("s", asc), ("k", DESC_NULLS_LAST)]),
         ];
         let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
         for (case, &rows) in [0usize, 1, 2, 7, 49, 50, 51, 1000, 5000].iter().enumerate() {
@@ -786,15 +808,17 @@ mod tests {
                         sorted.iter().map(|p| cut(&mut rng, p)).collect();
                     for fetch in [None, Some(0), Some(1), Some(rows / 2 + 1)] {
                         let batch_size = 1 + rng.below(700) as usize;
-                        let out = merged(partitions.clone(), ordering, fetch, batch_size).await;
+                        let case = format!("rows {rows}, distinct {distinct}, inputs {inputs}");
+                        let out = merged_checked(
+                            &sorted,
+                            &partitions,
+                            ordering,
+                            fetch,
+                            batch_size,
+                            &case,
+                        )
+                        .await;
                         assert!(out.iter().all(|b| b.num_rows() <= batch_size.max(300)));
-                        let got = concat_batches(&schema(), &out).unwrap();
-                        let want = expected(&sorted, ordering, fetch);
-                        assert_eq!(
-                            got, want,
-                            "rows {rows}, distinct {distinct}, inputs {inputs}, fetch {fetch:?}, \
-                             ordering {ordering}"
-                        );
                     }
                 }
             }
@@ -807,14 +831,10 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn two_inputs_merge_like_a_stable_sort() {
         let asc = SortOptions::default();
-        let desc = SortOptions {
-            descending: true,
-            nulls_first: false,
-        };
         let mut rng = Rng(0x2545_f491_4f6c_dd1d);
         for (rows_a, rows_b) in [(20_000, 20_000), (20_000, 3_000), (7, 20_000)] {
             for distinct in [3u64, 1000, 1 << 20] {
-                for ordering in [ordering(&[("k", asc)]), ordering(&[("f", desc)])] {
+                for ordering in [ordering(&[("k", asc)]), ordering(&[("f", DESC_NULLS_LAST)])] {
                     let sorted = [(rows_a, 0), (rows_b, 1)].map(|(n, i)| {
                         sort_batch(&random_batch(&mut rng, n, distinct, i), &ordering)
                     });
@@ -822,14 +842,9 @@ mod tests {
                         sorted.iter().map(|p| cut(&mut rng, p)).collect();
                     for fetch in [None, Some(rows_b / 3)] {
                         let batch_size = [7, 300, 4096][rng.below(3) as usize];
-                        let out = merged(partitions.clone(), &ordering, fetch, batch_size).await;
-                        let got = concat_batches(&schema(), &out).unwrap();
-                        let want = expected(&sorted, &ordering, fetch);
-                        assert_eq!(
-                            got, want,
-                            "rows {rows_a} and {rows_b}, distinct {distinct}, fetch {fetch:?}, \
-                             batch size {batch_size}, ordering {ordering}"
-                        );
+                        let case = format!("rows {rows_a} and {rows_b}, distinct {distinct}");
+                        merged_checked(&sorted, &partitions, &ordering, fetch, batch_size, &case)
+                            .await;
                     }
                 }
             }
