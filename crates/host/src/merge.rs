@@ -765,7 +765,7 @@ mod tests {
     };
 
     /// [`merged`], asserting that the output is the stable sort of the
-    /// `sorted` inputs the `partitions` were cut from; `case` names the
+    /// `sorted` inputs the `partitions` were cut from; `label` names the
     /// inputs in the failure message.
     async fn merged_checked(
         sorted: &[RecordBatch],
@@ -773,14 +773,14 @@ mod tests {
         ordering: &LexOrdering,
         fetch: Option<usize>,
         batch_size: usize,
-        case: &str,
+        label: &str,
     ) -> Vec<RecordBatch> {
         let out = merged(partitions.to_vec(), ordering, fetch, batch_size).await;
         let got = concat_batches(&schema(), &out).unwrap();
         assert_eq!(
             got,
             expected(sorted, ordering, fetch),
-            "{case}, fetch {fetch:?}, batch size {batch_size}, ordering {ordering}"
+            "{label}, fetch {fetch:?}, batch size {batch_size}, ordering {ordering}"
         );
         out
     }
@@ -806,16 +806,16 @@ mod tests {
                         .collect();
                     let partitions: Vec<Vec<RecordBatch>> =
                         sorted.iter().map(|p| cut(&mut rng, p)).collect();
+                    let label = format!("rows {rows}, distinct {distinct}, inputs {inputs}");
                     for fetch in [None, Some(0), Some(1), Some(rows / 2 + 1)] {
                         let batch_size = 1 + rng.below(700) as usize;
-                        let case = format!("rows {rows}, distinct {distinct}, inputs {inputs}");
                         let out = merged_checked(
                             &sorted,
                             &partitions,
                             ordering,
                             fetch,
                             batch_size,
-                            &case,
+                            &label,
                         )
                         .await;
                         assert!(out.iter().all(|b| b.num_rows() <= batch_size.max(300)));
@@ -840,10 +840,10 @@ mod tests {
                     });
                     let partitions: Vec<Vec<RecordBatch>> =
                         sorted.iter().map(|p| cut(&mut rng, p)).collect();
+                    let label = format!("rows {rows_a} and {rows_b}, distinct {distinct}");
                     for fetch in [None, Some(rows_b / 3)] {
                         let batch_size = [7, 300, 4096][rng.below(3) as usize];
-                        let case = format!("rows {rows_a} and {rows_b}, distinct {distinct}");
-                        merged_checked(&sorted, &partitions, &ordering, fetch, batch_size, &case)
+                        merged_checked(&sorted, &partitions, &ordering, fetch, batch_size, &label)
                             .await;
                     }
                 }
