@@ -66,7 +66,7 @@ impl Device {
         let df = |e| self.df_err(e);
         let scan =
             PartitionScanExec::try_new(table, ids, Arc::clone(&schema), projection).map_err(df)?;
-        let plan = self.binder(manifest).bind(&scan).map_err(df)?;
+        let plan = self.binder(manifest, false).bind(&scan).map_err(df)?;
         Ok((schema, plan))
     }
 

@@ -39,7 +39,7 @@ use datafusion::physical_plan::{ExecutionPlan, ExecutionPlanProperties};
 use datafusion::prelude::{SessionConfig, SessionContext};
 use futures::StreamExt;
 use insitu_format::{load_manifest, store_manifest, PartitionWriter, WriterOptions};
-use insitu_stage::decode_stage;
+use insitu_stage::{decode_stage, decode_stage_unbound};
 use insitu_wire::{
     Capabilities, DeviceStats, Encoding, FormatDescriptor, LayoutKind, Manifest, Operator,
     StagePlanEnvelope, PLAN_BYTES_MAX, PROTOCOL_VERSION,
@@ -52,9 +52,10 @@ pub use error::{DeviceError, DeviceErrorKind, DeviceResult};
 pub use hybrid_sort::HybridSortExec;
 pub use insitu_wire::StageStats;
 pub use ipc::{batch_to_ipc, ipc_to_batch, IpcChunker, IPC_CONTINUATION, RESULT_CHUNK_BYTES_MAX};
+use sort::widen_sort_output;
 pub use sort::{use_kernel_sorts, KernelSortExec, SortConfig};
 
-use binder::{DeviceBinder, VerifiedSet};
+use binder::{widening_sort, DeviceBinder, VerifiedSet};
 use pool::PeakTrackingPool;
 use store::CountingStore;
 
@@ -451,11 +452,17 @@ impl Device {
         let df_err = |e| DeviceError::from_datafusion(id, self.config.mem_bytes_max, e);
         let manifest = self.check_descriptors(&envelope.descriptors)?;
         let state = self.ctx.state();
-        let binder = self.binder(manifest);
         let task_ctx = self.ctx.task_ctx();
+        let unbound = decode_stage_unbound(&envelope.plan, &task_ctx).map_err(df_err)?;
+        let widened = widening_sort(&unbound, &manifest);
+        let binder = self.binder(manifest, widened.is_some());
         let plan = decode_stage(&envelope.plan, &task_ctx, binder).map_err(df_err)?;
         self.check_operators(&plan)?;
         let plan = use_kernel_sorts(plan, &self.sort_config(false)).map_err(df_err)?;
+        let plan = match widened {
+            Some(schema) => widen_sort_output(plan, schema).map_err(df_err)?,
+            None => plan,
+        };
         let plan = FilterPushdown::new()
             .optimize(plan, state.config_options())
             .map_err(df_err)?;
@@ -534,7 +541,7 @@ impl Device {
     }
 
     /// Binds stage scans to this device's files, as described by `manifest`.
-    fn binder(&self, manifest: Manifest) -> Arc<DeviceBinder> {
+    fn binder(&self, manifest: Manifest, narrow_decimals: bool) -> Arc<DeviceBinder> {
         Arc::new(DeviceBinder {
             device: self.config.id,
             dir: self.dir.clone(),
@@ -542,6 +549,7 @@ impl Device {
             verified: Arc::clone(&self.verified),
             config: Arc::new(self.ctx.state().config_options().as_ref().clone()),
             target_partitions: self.config.threads.max(1),
+            narrow_decimals,
         })
     }
 

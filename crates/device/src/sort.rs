@@ -19,13 +19,18 @@
 //! The host sends a DataFusion `SortExec` inside the stage plan; the device
 //! swaps it for this operator after decoding ([`use_kernel_sorts`]). The
 //! host merges the devices' sorted streams with a sort-preserving merge.
+//!
+//! A sort may output wider types than its input holds
+//! ([`KernelSortExec::with_output_schema`]): decimals its scan read as
+//! Decimal64 are sorted and moved as 8 bytes and written out as the
+//! Decimal128 the plan asked for.
 
 use std::fmt;
 use std::path::PathBuf;
 use std::sync::Arc;
 
 use arrow::array::{new_empty_array, Array, ArrayRef, AsArray, RecordBatch};
-use arrow::compute::{concat, concat_batches, SortColumn};
+use arrow::compute::{cast, concat, concat_batches, SortColumn};
 use arrow::datatypes::{DataType, SchemaRef};
 use datafusion::common::tree_node::{Transformed, TreeNode, TreeNodeRecursion};
 use datafusion::common::{internal_err, DataFusionError, Result};
@@ -44,7 +49,9 @@ use datafusion::physical_plan::{
     Partitioning, PlanProperties,
 };
 use futures::StreamExt;
-use insitu_kernels::{argsort_columns, concat_views, GatherSource, Parallelism, SourceLayout};
+use insitu_kernels::{
+    argsort_columns, concat_views, widens_to, GatherSource, Parallelism, SourceLayout,
+};
 
 use crate::hybrid_sort::hybrid_sort_for;
 use crate::spill::{merge_runs, reduce_runs, rows_within, KeyEncoder, SpillRuns};
@@ -86,6 +93,9 @@ pub struct KernelSortExec {
     /// Threads the argsort may use (the device's thread budget).
     threads: usize,
     spill_dir: Option<PathBuf>,
+    /// What the sort outputs: its input's schema, or one with some
+    /// Decimal64 columns widened to Decimal128.
+    schema: SchemaRef,
     metrics: ExecutionPlanMetricsSet,
     properties: Arc<PlanProperties>,
 }
@@ -103,21 +113,48 @@ impl KernelSortExec {
         } else {
             input
         };
-        let properties = PlanProperties::new(
-            EquivalenceProperties::new_with_orderings(input.schema(), [ordering.clone()]),
-            Partitioning::UnknownPartitioning(1),
-            EmissionType::Final,
-            Boundedness::Bounded,
-        );
+        let schema = input.schema();
         Self {
             input,
+            properties: Arc::new(Self::properties_for(&schema, &ordering)),
             ordering,
             fetch,
             threads: threads.max(1),
             spill_dir: None,
+            schema,
             metrics: ExecutionPlanMetricsSet::new(),
-            properties: Arc::new(properties),
         }
+    }
+
+    fn properties_for(schema: &SchemaRef, ordering: &LexOrdering) -> PlanProperties {
+        PlanProperties::new(
+            EquivalenceProperties::new_with_orderings(Arc::clone(schema), [ordering.clone()]),
+            Partitioning::UnknownPartitioning(1),
+            EmissionType::Final,
+            Boundedness::Bounded,
+        )
+    }
+
+    /// Outputs `schema`: the input's, but for Decimal64 columns widened
+    /// to Decimal128 of the same precision and scale (see
+    /// [`insitu_kernels::widens_to`]). A full sort only: a top-k's
+    /// compactions would mix narrow and wide batches.
+    pub fn with_output_schema(mut self, schema: SchemaRef) -> Result<Self> {
+        let input = self.input.schema();
+        let same_names =
+            (input.fields().iter().zip(schema.fields())).all(|(i, o)| i.name() == o.name());
+        let widens = (input.fields().iter().zip(schema.fields())).all(|(i, o)| {
+            i.data_type() == o.data_type() || widens_to(i.data_type(), o.data_type())
+        });
+        if input.fields().len() != schema.fields().len() || !same_names || !widens {
+            return internal_err!("KernelSortExec cannot output {schema:?} from input {input:?}");
+        }
+        if self.fetch.is_some() && schema != input {
+            return internal_err!("KernelSortExec widens the output of full sorts only");
+        }
+        self.properties = Arc::new(Self::properties_for(&schema, &self.ordering));
+        self.schema = schema;
+        Ok(self)
     }
 
     /// The kernel sort that does what `sort` asks.
@@ -171,6 +208,25 @@ pub fn use_kernel_sorts(
         .data)
 }
 
+/// `plan`, a stage whose root is a kernel sort, with that sort writing
+/// out `schema` (see [`KernelSortExec::with_output_schema`]).
+pub(crate) fn widen_sort_output(
+    plan: Arc<dyn ExecutionPlan>,
+    schema: SchemaRef,
+) -> Result<Arc<dyn ExecutionPlan>> {
+    let Some(sort) = plan.downcast_ref::<KernelSortExec>() else {
+        return internal_err!(
+            "a widening stage's root is {}, not a kernel sort",
+            plan.name()
+        );
+    };
+    let input = Arc::clone(&sort.input);
+    let widened = KernelSortExec::new(input, sort.ordering.clone(), sort.fetch, sort.threads)
+        .with_spill_dir(sort.spill_dir.clone())
+        .with_output_schema(schema)?;
+    Ok(Arc::new(widened))
+}
+
 impl DisplayAs for KernelSortExec {
     fn fmt_as(&self, _t: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
         write!(f, "KernelSortExec: expr=[{}]", self.ordering)?;
@@ -210,7 +266,8 @@ impl ExecutionPlan for KernelSortExec {
         })?;
         Ok(Arc::new(
             Self::new(input, self.ordering.clone(), self.fetch, self.threads)
-                .with_spill_dir(self.spill_dir.clone()),
+                .with_spill_dir(self.spill_dir.clone())
+                .with_output_schema(Arc::clone(&self.schema))?,
         ))
     }
 
@@ -234,6 +291,7 @@ impl ExecutionPlan for KernelSortExec {
         let reservation = MemoryConsumer::new("KernelSortExec").register(context.memory_pool());
         let job = Arc::new(SortJob {
             schema: self.schema(),
+            input_schema: self.input.schema(),
             ordering: self.ordering.clone(),
             fetch: self.fetch,
             threads: self.threads,
@@ -251,7 +309,9 @@ impl ExecutionPlan for KernelSortExec {
 
 /// One execution of a [`KernelSortExec`].
 struct SortJob {
+    /// What the sort outputs (see [`KernelSortExec::with_output_schema`]).
     schema: SchemaRef,
+    input_schema: SchemaRef,
     ordering: LexOrdering,
     fetch: Option<usize>,
     threads: usize,
@@ -439,7 +499,9 @@ impl SortJob {
         let _timer = self.metrics.elapsed_compute().timer();
         match sorted {
             Sorted::InOrder { batches, rows } => {
-                let kept: Vec<RecordBatch> = slices_of(&batches, rows, usize::MAX).collect();
+                let kept: Vec<RecordBatch> = slices_of(&batches, rows, usize::MAX)
+                    .map(|b| widen(b, &self.schema))
+                    .collect::<Result<_>>()?;
                 Ok(concat_batches(&self.schema, &kept)?)
             }
             Sorted::Gather { source, order } => Ok(source.gather(&order)?),
@@ -465,7 +527,7 @@ impl SortJob {
         match self.sort_order(batches, self.fetch)? {
             Sorted::InOrder { batches, rows } => {
                 for slice in slices_of(&batches, rows, batch_rows) {
-                    if !send(slice) {
+                    if !send(widen(slice, &self.schema)?) {
                         break;
                     }
                 }
@@ -514,7 +576,7 @@ impl SortJob {
                     .map(|b| e.expr.evaluate(b)?.into_array(b.num_rows()))
                     .collect::<Result<Vec<_>>>()?;
                 let values = match parts.is_empty() {
-                    true => new_empty_array(&e.expr.data_type(&self.schema)?),
+                    true => new_empty_array(&e.expr.data_type(&self.input_schema)?),
                     false => concat_keys(&parts)?,
                 };
                 Ok(SortColumn {
@@ -578,6 +640,21 @@ fn concat_keys(parts: &[ArrayRef]) -> Result<ArrayRef> {
             concat(&parts)?
         }
     })
+}
+
+/// `batch` with the columns `schema` holds wider cast to it (a copy of
+/// those columns; the rest shared).
+fn widen(batch: RecordBatch, schema: &SchemaRef) -> Result<RecordBatch> {
+    if batch.schema().fields() == schema.fields() {
+        return Ok(batch);
+    }
+    let columns = (batch.columns().iter().zip(schema.fields()))
+        .map(|(c, f)| match c.data_type() == f.data_type() {
+            true => Ok(Arc::clone(c)),
+            false => cast(c, f.data_type()),
+        })
+        .collect::<std::result::Result<Vec<_>, _>>()?;
+    Ok(RecordBatch::try_new(Arc::clone(schema), columns)?)
 }
 
 /// What a sort hands on.
@@ -906,6 +983,111 @@ mod tests {
         let err = collect(plan, ctx.task_ctx()).await.unwrap_err().to_string();
         assert!(err.contains("KernelSortExec"), "{err}");
         assert!(err.to_lowercase().contains("resources exhausted"), "{err}");
+    }
+
+    /// `batches` with a decimal(15, 2) column added (random across the
+    /// precision, negatives and nulls): as Decimal128, and as the
+    /// Decimal64 a narrowing scan reads.
+    fn with_decimals(batches: &[RecordBatch]) -> (Vec<RecordBatch>, Vec<RecordBatch>) {
+        use arrow::array::Decimal128Array;
+        let mut rng = rand::rngs::StdRng::seed_from_u64(15);
+        let top = 10i128.pow(15) - 1;
+        let (mut wide, mut narrow) = (vec![], vec![]);
+        for b in batches {
+            let values: Decimal128Array = (0..b.num_rows())
+                .map(|_| match rng.random_range(0..20) {
+                    0 => None,
+                    1 => Some(-top),
+                    2 => Some(top),
+                    _ => Some(rng.random_range(-top..=top)),
+                })
+                .collect();
+            let values = values.with_precision_and_scale(15, 2).unwrap();
+            let narrowed = cast(&values, &DataType::Decimal64(15, 2)).unwrap();
+            let add = |column: ArrayRef| {
+                let mut fields = b.schema().fields().to_vec();
+                fields.push(Arc::new(Field::new(
+                    "dec",
+                    column.data_type().clone(),
+                    true,
+                )));
+                let mut columns = b.columns().to_vec();
+                columns.push(column);
+                RecordBatch::try_new(Arc::new(Schema::new(fields)), columns).unwrap()
+            };
+            wide.push(add(Arc::new(values)));
+            narrow.push(add(narrowed));
+        }
+        (wide, narrow)
+    }
+
+    /// A sort over Decimal64 input that outputs Decimal128 gives
+    /// DataFusion's answer over the Decimal128 input in each of its
+    /// paths: gathered through packed rows (a decimal key), scattered (a
+    /// key of few values), input in order already, and spilled.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn kernel_sort_widens_decimals_read_as_i64_in_every_path() {
+        use datafusion::execution::memory_pool::GreedyMemoryPool;
+        use datafusion::execution::runtime_env::RuntimeEnvBuilder;
+        let (_, batches) = input(12, 7_001);
+        let (wide, narrow) = with_decimals(&batches);
+        let (wide_schema, narrow_schema) = (wide[0].schema(), narrow[0].schema());
+        let source = |batches: &[RecordBatch]| {
+            let schema = batches[0].schema();
+            MemorySourceConfig::try_new_exec(&[batches.to_vec()], schema, None).unwrap()
+        };
+        let key = |name: &str, descending: bool| PhysicalSortExpr {
+            expr: col(name, &wide_schema).unwrap(),
+            options: SortOptions {
+                descending,
+                nulls_first: descending,
+            },
+        };
+        let bytes: usize = narrow.iter().map(|b| b.get_array_memory_size()).sum();
+        let spilling = || {
+            let pool = Arc::new(GreedyMemoryPool::new(bytes / 4));
+            let runtime = RuntimeEnvBuilder::new().with_memory_pool(pool);
+            SessionContext::new_with_config_rt(Default::default(), runtime.build_arc().unwrap())
+        };
+        let dir = tempfile::tempdir().unwrap();
+        let cases = [
+            (
+                "packed rows",
+                vec![key("dec", true), key("id", false)],
+                false,
+            ),
+            ("scattered", vec![key("s", false), key("id", false)], false),
+            ("in order", vec![key("id", false)], false),
+            ("spilled", vec![key("dec", false), key("id", true)], true),
+        ];
+        for (case, keys, spill) in cases {
+            let order = LexOrdering::new(keys).unwrap();
+            let plan = KernelSortExec::new(source(&narrow), order.clone(), None, 2)
+                .with_spill_dir(Some(dir.path().to_path_buf()))
+                .with_output_schema(Arc::clone(&wide_schema))
+                .unwrap();
+            let plan = Arc::new(plan);
+            assert_eq!(plan.schema(), wide_schema);
+            let ctx = if spill {
+                spilling()
+            } else {
+                SessionContext::new()
+            };
+            let out = collect(Arc::clone(&plan) as _, ctx.task_ctx())
+                .await
+                .unwrap();
+            let ours = concat_batches(&wide_schema, &out).unwrap();
+            let reference = run(Arc::new(SortExec::new(order, source(&wide)))).await;
+            assert_eq!(ours, reference, "{case}");
+            let runs = plan.metrics().unwrap().sum_by_name("spilled_runs");
+            assert_eq!(runs.is_some_and(|r| r.as_usize() > 1), spill, "{case}");
+        }
+        // A top-k, or a schema that is not the input's widened, is refused.
+        let order = LexOrdering::new(vec![key("id", false)]).unwrap();
+        let top_k = KernelSortExec::new(source(&narrow), order.clone(), Some(5), 2);
+        assert!(top_k.with_output_schema(Arc::clone(&wide_schema)).is_err());
+        let full = KernelSortExec::new(source(&wide), order, None, 2);
+        assert!(full.with_output_schema(narrow_schema).is_err());
     }
 
     #[test]

@@ -207,6 +207,21 @@ impl Packing {
     }
 }
 
+/// Whether a column of type `narrow` in the batches is gathered as type
+/// `wide`: decimals that a scan read as Decimal64 (8 bytes, not 16)
+/// widen again to Decimal128 of the same precision and scale as they are
+/// written out.
+///
+/// ```
+/// use arrow::datatypes::DataType::{Decimal128, Decimal64};
+/// assert!(insitu_kernels::widens_to(&Decimal64(15, 2), &Decimal128(15, 2)));
+/// assert!(!insitu_kernels::widens_to(&Decimal64(15, 2), &Decimal128(16, 2)));
+/// ```
+pub fn widens_to(narrow: &DataType, wide: &DataType) -> bool {
+    matches!((narrow, wide),
+        (DataType::Decimal64(p, s), DataType::Decimal128(q, t)) if p == q && s == t)
+}
+
 /// Whether every view in `values` is inline and at most
 /// [`SHORT_VIEW_BYTES_MAX`] bytes long.
 fn views_short(values: &[u8]) -> bool {
@@ -262,7 +277,10 @@ enum ColumnSource {
     },
     /// A fixed-width column left in its batches ([`SourceLayout::Columns`]).
     Batched {
+        /// Bytes per gathered value.
         width: usize,
+        /// The batches hold i64 decimals, gathered as i128 ones.
+        widened: bool,
         /// Each batch's array of this column.
         parts: Vec<ArrayData>,
         /// For view columns, where each batch's data buffers start in
@@ -292,16 +310,33 @@ impl GatherSource {
         let types = |s: &SchemaRef| -> Vec<DataType> {
             s.fields().iter().map(|f| f.data_type().clone()).collect()
         };
-        if let Some(b) = batches
-            .iter()
-            .find(|b| types(&b.schema()) != types(&schema))
-        {
+        let fits = |b: &RecordBatch| {
+            let (got, want) = (types(&b.schema()), types(&schema));
+            got.len() == want.len()
+                && (got.iter().zip(&want)).all(|(g, w)| g == w || widens_to(g, w))
+        };
+        if let Some(b) = batches.iter().find(|b| !fits(b)) {
             return Err(ArrowError::SchemaError(format!(
                 "gather source batch has column types {:?}, expected {:?}",
                 types(&b.schema()),
                 types(&schema)
             )));
         }
+        // Which columns the batches hold narrower than `schema` (decimals
+        // read as Decimal64): every batch alike, as the first one.
+        let widened = |b: &RecordBatch| -> Vec<bool> {
+            (types(&b.schema()).iter().zip(types(&schema)))
+                .map(|(got, want)| *got != want)
+                .collect()
+        };
+        let widened = match batches.first().map(widened) {
+            Some(first) if batches.iter().any(|b| widened(b) != first) => {
+                return Err(ArrowError::SchemaError(
+                    "gather source batches differ in which columns are widened".into(),
+                ))
+            }
+            first => first.unwrap_or_else(|| vec![false; schema.fields().len()]),
+        };
         let rows: usize = batches.iter().map(|b| b.num_rows()).sum();
         if rows > u32::MAX as usize {
             return Err(ArrowError::InvalidArgumentError(format!(
@@ -367,6 +402,7 @@ impl GatherSource {
                 (Some(width), SourceLayout::Columns | SourceLayout::Scattered) => {
                     ColumnSource::Batched {
                         width,
+                        widened: widened[i],
                         parts: arrays.iter().map(|a| a.to_data()).collect(),
                         view_bases,
                         nulls: concat_nulls(&arrays),
@@ -438,20 +474,27 @@ impl GatherSource {
                     None,
                     ColumnSource::Batched {
                         width,
+                        widened,
                         parts,
                         view_bases,
                         nulls,
                         data_buffers,
                     },
                 ) => {
-                    let parts: Vec<&[u8]> =
-                        parts.iter().map(|p| fixed_part_bytes(p, *width)).collect();
+                    let part_width = if *widened { 8 } else { *width };
+                    let parts: Vec<&[u8]> = parts
+                        .iter()
+                        .map(|p| fixed_part_bytes(p, part_width))
+                        .collect();
                     let source = BatchedColumn {
                         parts: &parts,
                         starts: &self.batch_starts,
                         view_bases: view_bases.as_deref(),
                     };
-                    let values = source.gather(*width, indices, arena);
+                    let values = match widened {
+                        true => source.gather_widened(indices, arena),
+                        false => source.gather(*width, indices, arena),
+                    };
                     Ok(self.fixed_width_array(c, values, nulls, data_buffers, indices, arena))
                 }
                 (None, ColumnSource::Packed { .. }) => unreachable!("packed columns are gathered"),
@@ -558,6 +601,20 @@ impl BatchedColumn<'_> {
             (8, _) => self.gather_w::<8>(indices, out),
             (16, None) => self.gather_w::<16>(indices, out),
             _ => self.gather_any(w, indices, out),
+        }
+        values
+    }
+
+    /// The i64 decimals at `indices` as i128 ones, in `arena` while it
+    /// has room.
+    fn gather_widened(&self, indices: &[u32], arena: Option<&ChunkArena>) -> OutputBuffer {
+        let mut values = OutputBuffer::in_arena_or_pooled(arena, indices.len() * 16);
+        let (out, _) = values.bytes_mut().as_chunks_mut::<16>();
+        let mut at = BatchCursor::new(self.starts);
+        for (&row, o) in indices.iter().zip(out) {
+            let (b, local) = at.locate(row as usize);
+            let (narrow, _) = self.parts[b].as_chunks::<8>();
+            *o = (i64::from_le_bytes(narrow[local]) as i128).to_le_bytes();
         }
         values
     }
@@ -705,12 +762,19 @@ fn pack_group(
                 let offset = offsets[m];
                 match packings[c] {
                     Packing::Full => {
+                        debug_assert!(!widened(&data[m]), "widened decimals pack as i64");
                         let values =
                             &fixed_part_bytes(&data[m], w)[rows_in.start * w..rows_in.end * w];
                         match base {
                             0 => pack_column(values, dst, row_width, offset, w),
                             _ => pack_views(values, dst, row_width, offset, base),
                         }
+                    }
+                    // Decimals read as i64 already: copied as they are.
+                    Packing::DecimalAsI64 if widened(&data[m]) => {
+                        let values =
+                            &fixed_part_bytes(&data[m], 8)[rows_in.start * 8..rows_in.end * 8];
+                        pack_column(values, dst, row_width, offset, 8);
                     }
                     // Short views are inline: no buffer index to rebase.
                     packing => {
@@ -732,6 +796,12 @@ fn pack_group(
         members,
     };
     (group, misfits)
+}
+
+/// Whether a column's values in a batch are i64 decimals to be gathered
+/// as i128 ones (see [`widens_to`]).
+fn widened(data: &ArrayData) -> bool {
+    matches!(data.data_type(), DataType::Decimal64(_, _))
 }
 
 /// Packs 16-byte values narrowed to 8 bytes as `packing` says at byte
@@ -1092,5 +1162,70 @@ mod tests {
         assert_eq!(source.groups.len(), 1);
         let row_width: usize = source.groups[0].members.iter().map(|&(_, w)| w).sum();
         assert_eq!(row_width, 64);
+    }
+
+    /// Decimals a scan read as Decimal64 come out of every layout as the
+    /// Decimal128 values they stand for: random values across the whole
+    /// precision, negatives and nulls, batches of odd sizes.
+    #[test]
+    fn decimals_read_as_i64_widen_back_in_every_layout() {
+        use arrow::array::Decimal64Array;
+        use rand::{Rng, SeedableRng};
+        let mut rng = rand::rngs::StdRng::seed_from_u64(64);
+        let top = 10i64.pow(15) - 1;
+        let mut wide_batches = vec![];
+        let mut narrow_batches = vec![];
+        for rows in [0, 1, 2, 7, 49, 50, 51, 1000] {
+            let values: Vec<Option<i64>> = (0..rows)
+                .map(|_| match rng.random_range(0..10) {
+                    0 => None,
+                    1 => Some(top),
+                    2 => Some(-top),
+                    _ => Some(rng.random_range(-top..=top)),
+                })
+                .collect();
+            let keys: ArrayRef = Arc::new(Int64Array::from_iter_values(0..rows as i64));
+            let wide = decimals(15, values.iter().map(|v| v.map(i128::from)).collect());
+            let narrow = Decimal64Array::from(values)
+                .with_precision_and_scale(15, 2)
+                .unwrap();
+            wide_batches.push(batch(vec![Arc::clone(&keys), wide]));
+            narrow_batches.push(batch(vec![keys, Arc::new(narrow)]));
+        }
+        let schema = wide_batches[0].schema();
+        let whole = arrow::compute::concat_batches(&schema, &wide_batches).unwrap();
+        let n = whole.num_rows() as u32;
+        let random: Vec<u32> = (0..n).map(|i| (i * 7 + 3) % n).collect();
+        // A stable sort of a key of 3 values: 3 ascending runs.
+        let runs: Vec<u32> = (0..3).flat_map(|k| (k..n).step_by(3)).collect();
+        let want = |order: &[u32]| {
+            let indices = UInt32Array::from(order.to_vec());
+            arrow::compute::take_record_batch(&whole, &indices).unwrap()
+        };
+        for layout in [SourceLayout::Rows, SourceLayout::Columns] {
+            let source =
+                GatherSource::with_layout(schema.clone(), &narrow_batches, layout).unwrap();
+            let got = source.gather(&random).unwrap();
+            assert_eq!(got, want(&random), "{layout:?}");
+        }
+        let source =
+            GatherSource::with_layout(schema.clone(), &narrow_batches, SourceLayout::Scattered)
+                .unwrap();
+        let parts: Vec<RecordBatch> = (source.scatter(&runs, 100).unwrap())
+            .collect::<Result<_, _>>()
+            .unwrap();
+        let got = arrow::compute::concat_batches(&schema, &parts).unwrap();
+        assert_eq!(got, want(&runs));
+        // Batches that mix narrow and wide decimals, and a narrow type of
+        // another precision, are refused.
+        let mixed = [narrow_batches[7].clone(), wide_batches[7].clone()];
+        let err = GatherSource::new(schema.clone(), &mixed).err().unwrap();
+        assert!(err.to_string().contains("differ in which columns"), "{err}");
+        let other = Arc::new(Schema::new(vec![
+            Field::new("c0", DataType::Int64, true),
+            Field::new("c1", DataType::Decimal128(16, 2), true),
+        ]));
+        let err = GatherSource::new(other, &narrow_batches).err().unwrap();
+        assert!(err.to_string().contains("column types"), "{err}");
     }
 }

@@ -47,7 +47,7 @@ pub use gather::{
     gather, gather_batch, gather_batch_with, gather_rows, gather_rows_into, gather_values,
     ROW_GROUP_BYTES_MAX,
 };
-pub use gather_source::{concat_views, GatherSource, ScatteredBatches, SourceLayout};
+pub use gather_source::{concat_views, widens_to, GatherSource, ScatteredBatches, SourceLayout};
 pub use interleave::interleave_batches;
 pub use radix::SortIndex;
 pub use rows::argsort_columns;

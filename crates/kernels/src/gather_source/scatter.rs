@@ -102,6 +102,7 @@ impl GatherSource {
         for c in 0..self.columns.len() {
             let ColumnSource::Batched {
                 width,
+                widened,
                 parts: inputs,
                 view_bases,
                 ..
@@ -114,8 +115,12 @@ impl GatherSource {
                 .collect();
             for (b, input) in inputs.iter().enumerate() {
                 let rows = self.batch_starts[b]..self.batch_starts[b + 1];
-                let values = fixed_part_bytes(input, *width);
                 let dest = &dest[rows];
+                if *widened {
+                    scatter_widened(fixed_part_bytes(input, 8), dest, shift, &mut outs);
+                    continue;
+                }
+                let values = fixed_part_bytes(input, *width);
                 match (*width, view_bases) {
                     (16, Some(bases)) => scatter_views(values, dest, shift, bases[b], &mut outs),
                     (1, _) => scatter_w::<1>(values, dest, shift, &mut outs),
@@ -237,6 +242,17 @@ fn scatter_w<const W: usize>(values: &[u8], dest: &[u32], shift: u32, outs: &mut
     for (v, &d) in values.iter().zip(dest) {
         let (batch, slot) = ((d as usize) >> shift, d as usize & mask);
         outs[batch][slot * W..][..W].copy_from_slice(v);
+    }
+}
+
+/// [`scatter_w`] for i64 decimals, each written as an i128 one.
+fn scatter_widened(values: &[u8], dest: &[u32], shift: u32, outs: &mut [&mut [u8]]) {
+    let (values, _) = values.as_chunks::<8>();
+    let mask = (1usize << shift) - 1;
+    for (v, &d) in values.iter().zip(dest) {
+        let (batch, slot) = ((d as usize) >> shift, d as usize & mask);
+        let wide = i64::from_le_bytes(*v) as i128;
+        outs[batch][slot * 16..][..16].copy_from_slice(&wide.to_le_bytes());
     }
 }
 
