@@ -11,6 +11,7 @@ use datafusion::datasource::listing::PartitionedFile;
 use datafusion::datasource::physical_plan::{FileScanConfigBuilder, ParquetSource};
 use datafusion::datasource::source::DataSourceExec;
 use datafusion::execution::object_store::ObjectStoreUrl;
+use datafusion::physical_expr::expressions::Column;
 use datafusion::physical_plan::sorts::sort::SortExec;
 use datafusion::physical_plan::union::UnionExec;
 use datafusion::physical_plan::ExecutionPlan;
@@ -187,8 +188,12 @@ pub(crate) fn widening_sort(
     let parquet = scan.partitions().iter().all(|p| {
         (manifest.partition(scan.table(), *p)).is_some_and(|d| d.layout != LayoutKind::Hybrid)
     });
+    // A key computed from a narrowed column (`ORDER BY price * 2`) would
+    // be computed in other types; plain columns sort the same either way.
+    let plain_keys = (sort.expr().iter()).all(|key| key.expr.downcast_ref::<Column>().is_some());
     let read = scan.schema();
-    (sort.fetch().is_none() && parquet && narrowed_decimals(&read).is_some()).then(|| sort.schema())
+    (sort.fetch().is_none() && plain_keys && parquet && narrowed_decimals(&read).is_some())
+        .then(|| sort.schema())
 }
 
 #[cfg(test)]
@@ -196,8 +201,8 @@ mod tests {
     use super::*;
     use arrow::array::{ArrayRef, Decimal128Array, Int64Array, RecordBatch, StringViewArray};
     use arrow::compute::{cast, concat_batches};
-    use datafusion::physical_expr::expressions::{col, lit};
-    use datafusion::physical_expr::{LexOrdering, PhysicalSortExpr};
+    use datafusion::physical_expr::expressions::{self, col, lit};
+    use datafusion::physical_expr::{LexOrdering, PhysicalExpr, PhysicalSortExpr};
     use datafusion::physical_plan::collect;
     use datafusion::physical_plan::filter::FilterExec;
     use datafusion::prelude::SessionContext;
@@ -251,7 +256,15 @@ mod tests {
     }
 
     fn sort_over(scan: Arc<dyn ExecutionPlan>, fetch: Option<usize>) -> Arc<dyn ExecutionPlan> {
-        let key = PhysicalSortExpr::new_default(col("id", &scan.schema()).unwrap());
+        sort_by(scan, fetch, |schema| col("id", schema).unwrap())
+    }
+
+    fn sort_by(
+        scan: Arc<dyn ExecutionPlan>,
+        fetch: Option<usize>,
+        key: impl Fn(&Schema) -> Arc<dyn PhysicalExpr>,
+    ) -> Arc<dyn ExecutionPlan> {
+        let key = PhysicalSortExpr::new_default(key(&scan.schema()));
         let ordering = LexOrdering::new([key]).unwrap();
         Arc::new(SortExec::new(ordering, scan).with_fetch(fetch))
     }
@@ -300,6 +313,11 @@ mod tests {
         let filter = FilterExec::try_new(lit(true), scanned).unwrap();
         let filtered = sort_over(Arc::new(filter), None);
         assert_eq!(widening_sort(&filtered, &manifest), None);
+        let computed = sort_by(scan(vec![0], vec![0, 1]), None, |schema| {
+            let price = col("price", schema).unwrap();
+            expressions::cast(price, schema, DataType::Decimal128(20, 2)).unwrap()
+        });
+        assert_eq!(widening_sort(&computed, &manifest), None);
         let mut hybrid = manifest.clone();
         hybrid.tables.get_mut("t").unwrap()[0].layout = LayoutKind::Hybrid;
         assert_eq!(widening_sort(&full, &hybrid), None);

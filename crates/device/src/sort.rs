@@ -364,8 +364,9 @@ impl SortJob {
             if batch.num_rows() == 0 {
                 continue;
             }
-            // The batch, and its share of the sorted copy.
-            let need = 2 * batch.get_array_memory_size();
+            // The batch, and its share of the sorted copy (wider by the
+            // columns it widens).
+            let need = 2 * batch.get_array_memory_size() + self.widened_bytes(batch.num_rows());
             if let Err(full) = reservation.try_grow(need) {
                 let dir = match &self.spill_dir {
                     Some(dir) if self.fetch.is_none() && !buffered.is_empty() => dir.clone(),
@@ -491,6 +492,15 @@ impl SortJob {
         })
         .await
         .map_err(|e| DataFusionError::Execution(format!("merge worker failed: {e}")))?
+    }
+
+    /// Bytes the sorted copy of `rows` rows takes beyond the input's:
+    /// 8 per row and column widened from Decimal64 to Decimal128.
+    fn widened_bytes(&self, rows: usize) -> usize {
+        let widened = (self.input_schema.fields().iter().zip(self.schema.fields()))
+            .filter(|(i, o)| i.data_type() != o.data_type())
+            .count();
+        rows * widened * 8
     }
 
     /// `batches` sorted (first `limit` rows), as one batch.

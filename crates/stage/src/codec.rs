@@ -142,6 +142,7 @@ pub fn decode_stage(
 /// for checking that a plan survives the trip to a device).
 pub fn decode_stage_unbound(bytes: &[u8], ctx: &TaskContext) -> Result<Arc<dyn ExecutionPlan>> {
     physical_plan_from_bytes_with_extension_codec(bytes, ctx, &StageCodec::default())
+        .map_err(|e| DataFusionError::Plan(format!("stage plan does not decode: {e}")))
 }
 
 /// One line per operator, leaf last, joined with ` <- `: how EXPLAIN shows a stage.
@@ -198,6 +199,11 @@ mod tests {
         );
 
         let err = decode_stage(b"\x0a\xff\xffgarbage", &ctx, Arc::new(Echo)).unwrap_err();
+        assert!(
+            err.to_string().contains("stage plan does not decode"),
+            "{err}"
+        );
+        let err = decode_stage_unbound(b"\x0a\x05hello garbage", &ctx).unwrap_err();
         assert!(
             err.to_string().contains("stage plan does not decode"),
             "{err}"

@@ -42,11 +42,8 @@ pub fn tpch_root(sf: f64, devices: u32) -> PathBuf {
     roots
         .entry(key.clone())
         .or_insert_with(|| {
-            let dir = tempfile::Builder::new()
-                .prefix(&format!("insitu-tpch-{key}-"))
-                .tempdir()
-                .expect("tempdir")
-                .keep();
+            let dir = tpch_roots_dir().join(format!("{key}-{}", std::process::id()));
+            std::fs::create_dir_all(&dir).expect("tpch root dir");
             let devs = create_root(&dir, devices, &DeviceBudget::default()).expect("root");
             let options = TpchOptions {
                 scale_factor: sf,
@@ -56,6 +53,30 @@ pub fn tpch_root(sf: f64, devices: u32) -> PathBuf {
             dir
         })
         .clone()
+}
+
+/// Where the TPC-H roots live: a test process has no hook at its end to
+/// remove its own, so each process first removes those of processes that
+/// are gone, and at most one set per live test process stays.
+fn tpch_roots_dir() -> PathBuf {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| {
+        let dir = std::env::temp_dir().join("insitu-test-tpch-roots");
+        std::fs::create_dir_all(&dir).expect("tpch roots dir");
+        for entry in std::fs::read_dir(&dir).expect("tpch roots dir").flatten() {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            let pid = name.rsplit('-').next().and_then(|p| p.parse::<u32>().ok());
+            // This process has made none yet: one with its id is stale.
+            let alive = pid.is_some_and(|p| {
+                p != std::process::id() && Path::new(&format!("/proc/{p}")).exists()
+            });
+            if !alive {
+                let _ = std::fs::remove_dir_all(entry.path());
+            }
+        }
+        dir
+    })
+    .clone()
 }
 
 pub fn open_devices(root: &Path, budget: &DeviceBudget) -> Vec<Arc<Device>> {
