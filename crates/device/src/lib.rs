@@ -453,6 +453,8 @@ impl Device {
         let manifest = self.check_descriptors(&envelope.descriptors)?;
         let state = self.ctx.state();
         let task_ctx = self.ctx.task_ctx();
+        // Decoded once unbound to see its shape: a full sort straight over
+        // a scan binds that scan to read decimals narrow (widening_sort).
         let unbound = decode_stage_unbound(&envelope.plan, &task_ctx).map_err(df_err)?;
         let widened = widening_sort(&unbound, &manifest);
         let binder = self.binder(manifest, widened.is_some());

@@ -19,7 +19,10 @@
 //! all batches' buffers, where consecutive batches that share theirs (one
 //! row group's batches over its dictionary page) share one entry.
 //! Decimals that fit in i64 and strings of at most 7 bytes are packed in 8
-//! bytes and widened again when gathered (see `Packing`). Other columns
+//! bytes and widened again when gathered (see `Packing`); decimals a scan
+//! read as Decimal64 for a schema of Decimal128 (see [`widens_to`]) are
+//! packed, gathered and scattered as they are and widened as they are
+//! written out. Other columns
 //! (booleans, dictionaries, offset strings, nested types) are concatenated
 //! once and gathered with `take`.
 //!
@@ -762,7 +765,10 @@ fn pack_group(
                 let offset = offsets[m];
                 match packings[c] {
                     Packing::Full => {
-                        debug_assert!(!widened(&data[m]), "widened decimals pack as i64");
+                        debug_assert!(
+                            !holds_narrow_decimals(&data[m]),
+                            "narrow decimals pack as i64"
+                        );
                         let values =
                             &fixed_part_bytes(&data[m], w)[rows_in.start * w..rows_in.end * w];
                         match base {
@@ -771,7 +777,7 @@ fn pack_group(
                         }
                     }
                     // Decimals read as i64 already: copied as they are.
-                    Packing::DecimalAsI64 if widened(&data[m]) => {
+                    Packing::DecimalAsI64 if holds_narrow_decimals(&data[m]) => {
                         let values =
                             &fixed_part_bytes(&data[m], 8)[rows_in.start * 8..rows_in.end * 8];
                         pack_column(values, dst, row_width, offset, 8);
@@ -800,7 +806,7 @@ fn pack_group(
 
 /// Whether a column's values in a batch are i64 decimals to be gathered
 /// as i128 ones (see [`widens_to`]).
-fn widened(data: &ArrayData) -> bool {
+fn holds_narrow_decimals(data: &ArrayData) -> bool {
     matches!(data.data_type(), DataType::Decimal64(_, _))
 }
 
