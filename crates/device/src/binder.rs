@@ -150,23 +150,17 @@ pub(crate) fn narrowed_decimals(schema: &SchemaRef) -> Option<SchemaRef> {
         }
         _ => None,
     };
-    if !schema
-        .fields()
-        .iter()
-        .any(|f| narrow(f.data_type()).is_some())
-    {
-        return None;
-    }
+    let mut any = false;
     let fields: Vec<FieldRef> = (schema.fields().iter())
         .map(|f| match narrow(f.data_type()) {
-            Some(dt) => Arc::new(f.as_ref().clone().with_data_type(dt)),
+            Some(dt) => {
+                any = true;
+                Arc::new(f.as_ref().clone().with_data_type(dt))
+            }
             None => Arc::clone(f),
         })
         .collect();
-    Some(Arc::new(Schema::new_with_metadata(
-        fields,
-        schema.metadata().clone(),
-    )))
+    any.then(|| Arc::new(Schema::new_with_metadata(fields, schema.metadata().clone())))
 }
 
 /// The output schema of a stage that is a full sort straight over a scan

@@ -39,7 +39,7 @@ use datafusion::physical_plan::{ExecutionPlan, ExecutionPlanProperties};
 use datafusion::prelude::{SessionConfig, SessionContext};
 use futures::StreamExt;
 use insitu_format::{load_manifest, store_manifest, PartitionWriter, WriterOptions};
-use insitu_stage::{decode_stage, decode_stage_unbound};
+use insitu_stage::{bind_stage, decode_stage_unbound};
 use insitu_wire::{
     Capabilities, DeviceStats, Encoding, FormatDescriptor, LayoutKind, Manifest, Operator,
     StagePlanEnvelope, PLAN_BYTES_MAX, PROTOCOL_VERSION,
@@ -453,12 +453,12 @@ impl Device {
         let manifest = self.check_descriptors(&envelope.descriptors)?;
         let state = self.ctx.state();
         let task_ctx = self.ctx.task_ctx();
-        // Decoded once unbound to see its shape: a full sort straight over
-        // a scan binds that scan to read decimals narrow (widening_sort).
+        // Decoded unbound, its shape chooses the binding: a full sort
+        // straight over a scan reads decimals narrow (widening_sort).
         let unbound = decode_stage_unbound(&envelope.plan, &task_ctx).map_err(df_err)?;
         let widened = widening_sort(&unbound, &manifest);
         let binder = self.binder(manifest, widened.is_some());
-        let plan = decode_stage(&envelope.plan, &task_ctx, binder).map_err(df_err)?;
+        let plan = bind_stage(unbound, binder.as_ref()).map_err(df_err)?;
         self.check_operators(&plan)?;
         let plan = use_kernel_sorts(plan, &self.sort_config(false)).map_err(df_err)?;
         let plan = match widened {

@@ -292,6 +292,10 @@ impl ExecutionPlan for KernelSortExec {
         let job = Arc::new(SortJob {
             schema: self.schema(),
             input_schema: self.input.schema(),
+            widened_columns: (self.input.schema().fields().iter())
+                .zip(self.schema.fields())
+                .filter(|(i, o)| i.data_type() != o.data_type())
+                .count(),
             ordering: self.ordering.clone(),
             fetch: self.fetch,
             threads: self.threads,
@@ -312,6 +316,8 @@ struct SortJob {
     /// What the sort outputs (see [`KernelSortExec::with_output_schema`]).
     schema: SchemaRef,
     input_schema: SchemaRef,
+    /// Columns the output holds as Decimal128 and the input as Decimal64.
+    widened_columns: usize,
     ordering: LexOrdering,
     fetch: Option<usize>,
     threads: usize,
@@ -497,10 +503,7 @@ impl SortJob {
     /// Bytes the sorted copy of `rows` rows takes beyond the input's:
     /// 8 per row and column widened from Decimal64 to Decimal128.
     fn widened_bytes(&self, rows: usize) -> usize {
-        let widened = (self.input_schema.fields().iter().zip(self.schema.fields()))
-            .filter(|(i, o)| i.data_type() != o.data_type())
-            .count();
-        rows * widened * 8
+        rows * self.widened_columns * 8
     }
 
     /// `batches` sorted (first `limit` rows), as one batch.

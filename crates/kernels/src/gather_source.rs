@@ -225,6 +225,38 @@ pub fn widens_to(narrow: &DataType, wide: &DataType) -> bool {
         (DataType::Decimal64(p, s), DataType::Decimal128(q, t)) if p == q && s == t)
 }
 
+/// Which columns `batches` hold narrower than `schema` (decimals a scan
+/// read as Decimal64, see [`widens_to`]): every batch alike, each column
+/// of `schema`'s type or widening to it.
+fn widened_columns(schema: &SchemaRef, batches: &[RecordBatch]) -> Result<Vec<bool>, ArrowError> {
+    let types = |s: &SchemaRef| -> Vec<DataType> {
+        s.fields().iter().map(|f| f.data_type().clone()).collect()
+    };
+    let want = types(schema);
+    let mut widened: Option<Vec<bool>> = None;
+    for b in batches {
+        let got = types(&b.schema());
+        if got.len() != want.len()
+            || !(got.iter().zip(&want)).all(|(g, w)| g == w || widens_to(g, w))
+        {
+            return Err(ArrowError::SchemaError(format!(
+                "gather source batch has column types {got:?}, expected {want:?}"
+            )));
+        }
+        let this: Vec<bool> = got.iter().zip(&want).map(|(g, w)| g != w).collect();
+        match &widened {
+            Some(first) if *first != this => {
+                return Err(ArrowError::SchemaError(
+                    "gather source batches differ in which columns are widened".into(),
+                ))
+            }
+            Some(_) => {}
+            None => widened = Some(this),
+        }
+    }
+    Ok(widened.unwrap_or_else(|| vec![false; want.len()]))
+}
+
 /// Whether every view in `values` is inline and at most
 /// [`SHORT_VIEW_BYTES_MAX`] bytes long.
 fn views_short(values: &[u8]) -> bool {
@@ -240,6 +272,12 @@ fn views_short(values: &[u8]) -> bool {
 #[inline(always)]
 fn narrow_view(view: u128) -> u64 {
     (view as u8 as u64) | ((view >> 32) as u64) << 8
+}
+
+/// An i64 decimal's little-endian bytes as the i128 one's (sign-extended).
+#[inline(always)]
+pub(crate) fn widen_decimal(narrow: [u8; 8]) -> [u8; 16] {
+    (i64::from_le_bytes(narrow) as i128).to_le_bytes()
 }
 
 /// The view [`narrow_view`] packed.
@@ -259,7 +297,7 @@ fn unpack_widened(packing: Packing, rows: &[u8], row_width: usize, offset: usize
     match packing {
         Packing::DecimalAsI64 => {
             for (o, v) in out.iter_mut().zip(narrowed) {
-                *o = (v as i64 as i128).to_le_bytes();
+                *o = widen_decimal(v.to_le_bytes());
             }
         }
         Packing::ShortViewAs8 => {
@@ -310,36 +348,7 @@ impl GatherSource {
         batches: &[RecordBatch],
         layout: SourceLayout,
     ) -> Result<Self, ArrowError> {
-        let types = |s: &SchemaRef| -> Vec<DataType> {
-            s.fields().iter().map(|f| f.data_type().clone()).collect()
-        };
-        let fits = |b: &RecordBatch| {
-            let (got, want) = (types(&b.schema()), types(&schema));
-            got.len() == want.len()
-                && (got.iter().zip(&want)).all(|(g, w)| g == w || widens_to(g, w))
-        };
-        if let Some(b) = batches.iter().find(|b| !fits(b)) {
-            return Err(ArrowError::SchemaError(format!(
-                "gather source batch has column types {:?}, expected {:?}",
-                types(&b.schema()),
-                types(&schema)
-            )));
-        }
-        // Which columns the batches hold narrower than `schema` (decimals
-        // read as Decimal64): every batch alike, as the first one.
-        let widened = |b: &RecordBatch| -> Vec<bool> {
-            (types(&b.schema()).iter().zip(types(&schema)))
-                .map(|(got, want)| *got != want)
-                .collect()
-        };
-        let widened = match batches.first().map(widened) {
-            Some(first) if batches.iter().any(|b| widened(b) != first) => {
-                return Err(ArrowError::SchemaError(
-                    "gather source batches differ in which columns are widened".into(),
-                ))
-            }
-            first => first.unwrap_or_else(|| vec![false; schema.fields().len()]),
-        };
+        let widened = widened_columns(&schema, batches)?;
         let rows: usize = batches.iter().map(|b| b.num_rows()).sum();
         if rows > u32::MAX as usize {
             return Err(ArrowError::InvalidArgumentError(format!(
@@ -617,7 +626,7 @@ impl BatchedColumn<'_> {
         for (&row, o) in indices.iter().zip(out) {
             let (b, local) = at.locate(row as usize);
             let (narrow, _) = self.parts[b].as_chunks::<8>();
-            *o = (i64::from_le_bytes(narrow[local]) as i128).to_le_bytes();
+            *o = widen_decimal(narrow[local]);
         }
         values
     }

@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 
-use datafusion::common::tree_node::{TreeNode, TreeNodeRecursion};
+use datafusion::common::tree_node::{Transformed, TreeNode, TreeNodeRecursion};
 use datafusion::common::{internal_err, DataFusionError, Result};
 use datafusion::execution::TaskContext;
 use datafusion::physical_plan::{displayable, ExecutionPlan};
@@ -35,20 +35,11 @@ struct PartitionScanProto {
     projection: Vec<u32>,
 }
 
-/// Extension codec for the insitu nodes of a stage plan. Without a binder it
-/// decodes the leaf as an unbound [`PartitionScanExec`] (for inspection).
+/// Extension codec for the insitu nodes of a stage plan: it decodes the
+/// leaf as an unbound [`PartitionScanExec`], which [`bind_stage`] then
+/// replaces with a local read.
 #[derive(Debug, Default)]
-pub struct StageCodec {
-    binder: Option<Arc<dyn PartitionBinder>>,
-}
-
-impl StageCodec {
-    pub fn with_binder(binder: Arc<dyn PartitionBinder>) -> Self {
-        Self {
-            binder: Some(binder),
-        }
-    }
-}
+pub struct StageCodec;
 
 impl PhysicalExtensionCodec for StageCodec {
     fn try_decode(
@@ -90,10 +81,7 @@ impl PhysicalExtensionCodec for StageCodec {
             Arc::new(schema),
             projection,
         )?;
-        match &self.binder {
-            Some(binder) => binder.bind(&scan),
-            None => Ok(Arc::new(scan)),
-        }
+        Ok(Arc::new(scan))
     }
 
     fn try_encode(
@@ -125,7 +113,7 @@ impl PhysicalExtensionCodec for StageCodec {
 
 /// Serializes a stage plan.
 pub fn encode_stage(plan: Arc<dyn ExecutionPlan>) -> Result<Vec<u8>> {
-    Ok(physical_plan_to_bytes_with_extension_codec(plan, &StageCodec::default())?.to_vec())
+    Ok(physical_plan_to_bytes_with_extension_codec(plan, &StageCodec)?.to_vec())
 }
 
 /// Deserializes a stage plan, binding its leaves with `binder`.
@@ -134,15 +122,28 @@ pub fn decode_stage(
     ctx: &TaskContext,
     binder: Arc<dyn PartitionBinder>,
 ) -> Result<Arc<dyn ExecutionPlan>> {
-    physical_plan_from_bytes_with_extension_codec(bytes, ctx, &StageCodec::with_binder(binder))
-        .map_err(|e| DataFusionError::Plan(format!("stage plan does not decode: {e}")))
+    bind_stage(decode_stage_unbound(bytes, ctx)?, binder.as_ref())
 }
 
 /// Deserializes a stage plan leaving its leaves unbound (for inspection and
 /// for checking that a plan survives the trip to a device).
 pub fn decode_stage_unbound(bytes: &[u8], ctx: &TaskContext) -> Result<Arc<dyn ExecutionPlan>> {
-    physical_plan_from_bytes_with_extension_codec(bytes, ctx, &StageCodec::default())
+    physical_plan_from_bytes_with_extension_codec(bytes, ctx, &StageCodec)
         .map_err(|e| DataFusionError::Plan(format!("stage plan does not decode: {e}")))
+}
+
+/// `plan` with each [`PartitionScanExec`] replaced by what `binder` reads
+/// it with (so a caller may look at the unbound plan first and choose how
+/// to bind it).
+pub fn bind_stage(
+    plan: Arc<dyn ExecutionPlan>,
+    binder: &dyn PartitionBinder,
+) -> Result<Arc<dyn ExecutionPlan>> {
+    let bound = plan.transform_up(|node| match node.downcast_ref::<PartitionScanExec>() {
+        Some(scan) => Ok(Transformed::yes(binder.bind(scan)?)),
+        None => Ok(Transformed::no(node)),
+    })?;
+    Ok(bound.data)
 }
 
 /// One line per operator, leaf last, joined with ` <- `: how EXPLAIN shows a stage.

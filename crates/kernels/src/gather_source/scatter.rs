@@ -19,7 +19,7 @@ use arrow::array::{ArrayRef, RecordBatch, RecordBatchOptions};
 use arrow::error::ArrowError;
 use std::sync::Arc;
 
-use super::{rebase_view, ColumnSource, GatherSource};
+use super::{rebase_view, widen_decimal, ColumnSource, GatherSource};
 use crate::arena::{ChunkArena, OutputBuffer};
 use crate::gather::{fixed_part_bytes, gather_in_range};
 use crate::mem::{recycle, take_vec};
@@ -251,8 +251,7 @@ fn scatter_widened(values: &[u8], dest: &[u32], shift: u32, outs: &mut [&mut [u8
     let mask = (1usize << shift) - 1;
     for (v, &d) in values.iter().zip(dest) {
         let (batch, slot) = ((d as usize) >> shift, d as usize & mask);
-        let wide = i64::from_le_bytes(*v) as i128;
-        outs[batch][slot * 16..][..16].copy_from_slice(&wide.to_le_bytes());
+        outs[batch][slot * 16..][..16].copy_from_slice(&widen_decimal(*v));
     }
 }
 
