@@ -229,21 +229,27 @@ pub fn widens_to(narrow: &DataType, wide: &DataType) -> bool {
 /// read as Decimal64, see [`widens_to`]): every batch alike, each column
 /// of `schema`'s type or widening to it.
 fn widened_columns(schema: &SchemaRef, batches: &[RecordBatch]) -> Result<Vec<bool>, ArrowError> {
-    let types = |s: &SchemaRef| -> Vec<DataType> {
-        s.fields().iter().map(|f| f.data_type().clone()).collect()
-    };
-    let want = types(schema);
+    let want = schema.fields();
     let mut widened: Option<Vec<bool>> = None;
     for b in batches {
-        let got = types(&b.schema());
-        if got.len() != want.len()
-            || !(got.iter().zip(&want)).all(|(g, w)| g == w || widens_to(g, w))
-        {
+        let got = b.schema_ref().fields();
+        let fits = got.len() == want.len()
+            && (got.iter().zip(want)).all(|(g, w)| {
+                g.data_type() == w.data_type() || widens_to(g.data_type(), w.data_type())
+            });
+        if !fits {
+            let types = |f: &arrow::datatypes::Fields| -> Vec<DataType> {
+                f.iter().map(|f| f.data_type().clone()).collect()
+            };
             return Err(ArrowError::SchemaError(format!(
-                "gather source batch has column types {got:?}, expected {want:?}"
+                "gather source batch has column types {:?}, expected {:?}",
+                types(got),
+                types(want)
             )));
         }
-        let this: Vec<bool> = got.iter().zip(&want).map(|(g, w)| g != w).collect();
+        let this: Vec<bool> = (got.iter().zip(want))
+            .map(|(g, w)| g.data_type() != w.data_type())
+            .collect();
         match &widened {
             Some(first) if *first != this => {
                 return Err(ArrowError::SchemaError(

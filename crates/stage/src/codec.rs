@@ -116,17 +116,9 @@ pub fn encode_stage(plan: Arc<dyn ExecutionPlan>) -> Result<Vec<u8>> {
     Ok(physical_plan_to_bytes_with_extension_codec(plan, &StageCodec)?.to_vec())
 }
 
-/// Deserializes a stage plan, binding its leaves with `binder`.
-pub fn decode_stage(
-    bytes: &[u8],
-    ctx: &TaskContext,
-    binder: Arc<dyn PartitionBinder>,
-) -> Result<Arc<dyn ExecutionPlan>> {
-    bind_stage(decode_stage_unbound(bytes, ctx)?, binder.as_ref())
-}
-
-/// Deserializes a stage plan leaving its leaves unbound (for inspection and
-/// for checking that a plan survives the trip to a device).
+/// Deserializes a stage plan leaving its leaves unbound: for inspection,
+/// for checking that a plan survives the trip to a device, and for a
+/// device to look at before it binds the plan with [`bind_stage`].
 pub fn decode_stage_unbound(bytes: &[u8], ctx: &TaskContext) -> Result<Arc<dyn ExecutionPlan>> {
     physical_plan_from_bytes_with_extension_codec(bytes, ctx, &StageCodec)
         .map_err(|e| DataFusionError::Plan(format!("stage plan does not decode: {e}")))
@@ -192,14 +184,14 @@ mod tests {
         let plan: Arc<dyn ExecutionPlan> = Arc::new(FilterExec::try_new(pred, scan).unwrap());
         let bytes = encode_stage(plan.clone()).unwrap();
         let ctx = SessionContext::new().task_ctx();
-        let back = decode_stage(&bytes, &ctx, Arc::new(Echo)).unwrap();
+        let back = bind_stage(decode_stage_unbound(&bytes, &ctx).unwrap(), &Echo).unwrap();
         let text = describe_stage(&back);
         assert!(
             text.starts_with("FilterExec: a@0 > 5 <- PartitionScanExec: table=t, partitions=[42]"),
             "{text}"
         );
 
-        let err = decode_stage(b"\x0a\xff\xffgarbage", &ctx, Arc::new(Echo)).unwrap_err();
+        let err = decode_stage_unbound(b"\x0a\xff\xffgarbage", &ctx).unwrap_err();
         assert!(
             err.to_string().contains("stage plan does not decode"),
             "{err}"

@@ -19,8 +19,7 @@ pub mod hybrid;
 mod scan;
 
 pub use codec::{
-    bind_stage, decode_stage, decode_stage_unbound, describe_stage, encode_stage, PartitionBinder,
-    StageCodec,
+    bind_stage, decode_stage_unbound, describe_stage, encode_stage, PartitionBinder, StageCodec,
 };
 pub use hybrid::{HybridFile, HybridScanExec};
 pub use scan::PartitionScanExec;
