@@ -80,12 +80,15 @@ def insitu_run(args, inp, out, tmp, codec="auto"):
     runs = re.search(r"^runs: .*$", text, re.M).group(0)
     # Peak RSS (fixed part + growth during the sort), then the sort's heap peak.
     memory = "\n".join(re.findall(r"^memory: .*$", text, re.M))
+    # Where each phase's time went: waits for storage, and its own work.
+    times = re.findall(r"^time: (.*)$", text, re.M)
     return {
         "secs": secs,
         "phases": phases,
         "plan": plan,
         "runs": runs,
         "memory": memory,
+        "times": times,
     }
 
 
@@ -386,6 +389,12 @@ def main() -> int:
         pred = statistics.median(x["phases"][phase][0] for x in insitu_runs)
         meas = statistics.median(x["phases"][phase][1] for x in insitu_runs)
         print(f"| {phase} | {pred:.2f} | {meas:.2f} |")
+    print()
+    print("Where insitu's phase times went (planned runs), per rep:")
+    print()
+    for i, run in enumerate(insitu_runs):
+        for line in run["times"]:
+            print(f"- rep {i}: {line}")
     return 0
 
 

@@ -9,7 +9,8 @@ use indicatif::{ProgressBar, ProgressStyle};
 use insitu_extsort::heap::HeapMeter;
 use insitu_extsort::io::{current_rss_bytes, peak_rss_bytes, return_freed_buffers};
 use insitu_extsort::{
-    CodecChoice, ExtsortOptions, GenOptions, Phase, Plan, RunCodec, KEY_BYTES, RECORD_BYTES,
+    CodecChoice, ExtsortOptions, GenOptions, Measured, Phase, Plan, RunCodec, KEY_BYTES,
+    RECORD_BYTES,
 };
 
 use crate::units::{human_bytes, parse_bytes};
@@ -213,6 +214,43 @@ fn print_plan(p: &Plan) {
     );
 }
 
+/// Where each phase's time went, as `time: PHASE T s = PART t s + ...`:
+/// the parts sum to the phase's time, the last being what the waits and
+/// named work leave (the merge itself, in the merge phase).
+fn print_phase_times(m: &Measured) {
+    let line = |phase: &str, total: f64, parts: &[(&str, f64)], rest: &str| {
+        let named: f64 = parts.iter().map(|p| p.1).sum();
+        let mut text = format!("time: {phase} phase {total:.2} s =");
+        for (i, (what, secs)) in parts.iter().enumerate() {
+            let plus = if i == 0 { "" } else { " +" };
+            text.push_str(&format!("{plus} {what} {secs:.2} s"));
+        }
+        println!("{text} + {rest} {:.2} s", (total - named).max(0.0));
+    };
+    let s = &m.sort_times;
+    line(
+        "sort",
+        m.sort_secs,
+        &[
+            ("waiting for reads", s.read_wait_secs),
+            ("sorting keys", s.sort_keys_secs),
+            ("gathering records", s.gather_secs),
+            ("waiting for writes", s.write_wait_secs),
+        ],
+        "other",
+    );
+    let g = &m.merge_times;
+    line(
+        "merge",
+        m.merge_secs,
+        &[
+            ("waiting for reads", g.read_wait_secs),
+            ("waiting for writes", g.write_wait_secs),
+        ],
+        "merging",
+    );
+}
+
 pub fn extsort(a: ExtsortArgs) -> Result<(), String> {
     if a.input == a.output {
         return Err("IN and OUT are the same file; sort into a new file".into());
@@ -271,6 +309,7 @@ pub fn extsort(a: ExtsortArgs) -> Result<(), String> {
         plan.predicted_total_secs(),
         total_secs
     );
+    print_phase_times(&measured);
     println!(
         "sorted {} into {} at {:.0} MB/s; I/O floor {:.2} s ({:.0}% of floor speed)",
         human_bytes(plan.input_bytes),

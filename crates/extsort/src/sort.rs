@@ -75,17 +75,49 @@ pub enum Phase {
     Merge(u32),
 }
 
-/// Seconds each phase took.
+/// Seconds each phase took, and where they went.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Measured {
     pub sort_secs: f64,
     pub merge_secs: f64,
+    /// The sort phase's time as the thread driving it spent it.
+    pub sort_times: PhaseTimes,
+    /// The merge phase's, all passes together.
+    pub merge_times: PhaseTimes,
     /// Runs written to storage.
     pub runs_written: u64,
     /// Runs merged from memory without being written (0 or 1).
     pub runs_in_memory: u64,
     /// Bytes written to runs (after compression) and to OUT.
     pub bytes_written: u64,
+}
+
+/// Where a phase's time went, on the thread that drives it: waiting for
+/// storage (or for the threads that read and write it), and its own work.
+/// What the fields leave of the phase's time is its own work too: in the
+/// merge phase, the merge itself.
+///
+/// A phase that waits little for storage is bound by its own work; one
+/// that waits most of its time is bound by storage.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct PhaseTimes {
+    /// Waiting for the next block of input or of a run.
+    pub read_wait_secs: f64,
+    /// Waiting for a writer to take a block, or to finish a file.
+    pub write_wait_secs: f64,
+    /// Sorting keys (the sort phase).
+    pub sort_keys_secs: f64,
+    /// Gathering records in key order, and compressing them if runs are
+    /// compressed (the sort phase).
+    pub gather_secs: f64,
+}
+
+/// Runs `f`, adding the time it took to `secs`.
+fn timed<T>(secs: &mut f64, f: impl FnOnce() -> T) -> T {
+    let start = Instant::now();
+    let out = f();
+    *secs += start.elapsed().as_secs_f64();
+    out
 }
 
 /// Measures the storage and this machine's sort and merge rates, and plans.
@@ -491,7 +523,14 @@ pub fn extsort(
     };
     let mut measured = Measured::default();
     let start = Instant::now();
-    let runs = sort_phase(input, options, plan, &mut outputs, progress)?;
+    let runs = sort_phase(
+        input,
+        options,
+        plan,
+        &mut outputs,
+        progress,
+        &mut measured.sort_times,
+    )?;
     measured.sort_secs = start.elapsed().as_secs_f64();
     measured.runs_in_memory = runs
         .iter()
@@ -500,10 +539,20 @@ pub fn extsort(
     measured.runs_written = runs.len() as u64 - measured.runs_in_memory;
     let start = Instant::now();
     if !runs.is_empty() {
-        merge_phase(runs, options, plan, &mut outputs, progress)?;
+        merge_phase(
+            runs,
+            options,
+            plan,
+            &mut outputs,
+            progress,
+            &mut measured.merge_times,
+        )?;
     }
     measured.bytes_written = outputs.bytes_written;
-    outputs.out.commit()?;
+    // Making OUT durable is the last write the merge waits for.
+    timed(&mut measured.merge_times.write_wait_secs, || {
+        outputs.out.commit()
+    })?;
     measured.merge_secs = start.elapsed().as_secs_f64();
     Ok(measured)
 }
@@ -517,6 +566,7 @@ fn sort_phase(
     plan: &Plan,
     outputs: &mut Outputs,
     progress: &dyn Fn(Phase, u64),
+    times: &mut PhaseTimes,
 ) -> Result<Vec<Run>> {
     let r = options.record_size;
     // The short chunk first: the last is whole, and reading the first
@@ -536,8 +586,10 @@ fn sort_phase(
     let shape = frame_shape(plan, options.threads);
     // One frame per compressing thread, kept across blocks.
     let mut scratch = vec![];
-    while let Some(chunk) = reader.next_block()? {
-        let order = sort_chunk(&chunk, r, options.key_size, options.threads);
+    while let Some(chunk) = timed(&mut times.read_wait_secs, || reader.next_block())? {
+        let order = timed(&mut times.sort_keys_secs, || {
+            sort_chunk(&chunk, r, options.key_size, options.threads)
+        });
         let is_last = runs.len() as u64 + 1 == plan.runs;
         if is_last && plan.last_run_in_memory {
             progress(Phase::Sort, chunk.len() as u64);
@@ -555,8 +607,8 @@ fn sort_phase(
         };
         let mut writer = BlockWriter::spawn(file, &path, stored_block)?;
         for piece in order.chunks(block_records) {
-            let mut out = writer.buffer()?;
-            match frames.as_mut() {
+            let mut out = timed(&mut times.write_wait_secs, || writer.buffer())?;
+            timed(&mut times.gather_secs, || match frames.as_mut() {
                 Some(lens) => {
                     let source = FrameSource::Gather {
                         chunk: &chunk,
@@ -565,10 +617,10 @@ fn sort_phase(
                     compress_frames_from(source, shape, &mut scratch, &mut out, lens);
                 }
                 None => gather_records(&chunk, r, piece, &mut out, options.threads),
-            }
-            writer.write(out)?;
+            });
+            timed(&mut times.write_wait_secs, || writer.write(out))?;
         }
-        outputs.bytes_written += writer.finish()?.bytes;
+        outputs.bytes_written += timed(&mut times.write_wait_secs, || writer.finish())?.bytes;
         progress(Phase::Sort, chunk.len() as u64);
         reader.recycle(chunk);
         if !one_run {
@@ -592,6 +644,8 @@ struct RunCursor {
     /// The current key's first 16 bytes, big-endian and zero-padded: one
     /// integer compare decides most (all, for keys up to 16 bytes).
     prefix: u128,
+    /// Seconds spent waiting for this run's blocks.
+    read_wait_secs: f64,
 }
 
 /// Key bytes the cursor's integer prefix covers.
@@ -637,7 +691,8 @@ impl RunCursor {
     /// first block).
     fn start(mut reader: BlockReader, plan: &Plan, key: usize) -> Result<Self> {
         let record = plan.record_size as usize;
-        let block = reader.next_block()?.unwrap_or_default();
+        let mut read_wait_secs = 0.0;
+        let block = timed(&mut read_wait_secs, || reader.next_block())?.unwrap_or_default();
         let mut cursor = Self {
             reader,
             block,
@@ -645,6 +700,7 @@ impl RunCursor {
             record,
             key,
             prefix: 0,
+            read_wait_secs,
         };
         cursor.load_prefix();
         Ok(cursor)
@@ -663,7 +719,9 @@ impl RunCursor {
     fn advance(&mut self) -> Result<()> {
         self.at += self.record;
         if self.at >= self.block.len() {
-            let next = self.reader.next_block()?.unwrap_or_default();
+            let reader = &mut self.reader;
+            let next = timed(&mut self.read_wait_secs, || reader.next_block())?;
+            let next = next.unwrap_or_default();
             let done = std::mem::replace(&mut self.block, next);
             self.reader.recycle(done);
             self.at = 0;
@@ -698,6 +756,7 @@ fn merge_phase(
     plan: &Plan,
     outputs: &mut Outputs,
     progress: &dyn Fn(Phase, u64),
+    times: &mut PhaseTimes,
 ) -> Result<()> {
     let fan_in = plan.fan_in.max(2) as usize;
     let mut pass = 0;
@@ -715,9 +774,8 @@ fn merge_phase(
             let (file, path) = outputs.target(last)?;
             let block = plan.merge_block_bytes as usize;
             let writer = stream_writer(file, &path, block, plan, !last, options.threads)?;
-            let done = merge_group(group, writer, options, plan, &|n| {
-                progress(Phase::Merge(pass), n)
-            })?;
+            let progress = |n| progress(Phase::Merge(pass), n);
+            let done = merge_group(group, writer, options, plan, &progress, times)?;
             outputs.bytes_written += done.bytes;
             let frames = done.frames;
             for merged in merged {
@@ -739,6 +797,7 @@ fn merge_group(
     options: &ExtsortOptions,
     plan: &Plan,
     progress: &dyn Fn(u64),
+    times: &mut PhaseTimes,
 ) -> Result<Written> {
     let r = options.record_size;
     // Every run's first read in flight before waiting for any: one after
@@ -754,22 +813,25 @@ fn merge_group(
         .collect::<Result<Vec<_>>>()?;
     let mut tree = merge_tree(cursors, options.key_size);
     let block = plan.merge_block_bytes as usize;
-    let mut buf = writer.buffer()?;
+    let mut buf = timed(&mut times.write_wait_secs, || writer.buffer())?;
     while let Some(w) = tree.winner() {
         buf.extend_from_slice(tree.cursor(w).current());
         tree.cursor_mut(w).advance()?;
         tree.replay();
         if buf.len() + r > block {
             progress(buf.len() as u64);
-            writer.write(buf)?;
-            buf = writer.buffer()?;
+            timed(&mut times.write_wait_secs, || writer.write(buf))?;
+            buf = timed(&mut times.write_wait_secs, || writer.buffer())?;
         }
     }
     if !buf.is_empty() {
         progress(buf.len() as u64);
-        writer.write(buf)?;
+        timed(&mut times.write_wait_secs, || writer.write(buf))?;
     }
-    writer.finish()
+    times.read_wait_secs += (tree.into_cursors().iter())
+        .map(|c| c.read_wait_secs)
+        .sum::<f64>();
+    timed(&mut times.write_wait_secs, || writer.finish())
 }
 
 /// Checks a sort's parameters before any work: a clear error, not a

@@ -84,6 +84,7 @@ fn sorts_with_zero_to_three_merge_passes_keeping_every_record() {
             out.contains("| merge (") && out.contains("predicted"),
             "{out}"
         );
+        assert_phase_times_add_up(&out);
         let (sorted, n, sum, _) = valsort(&output);
         assert!(sorted, "{records} records: output out of order");
         assert_eq!((n, sum), (records, checksum), "same multiset of records");
@@ -94,6 +95,58 @@ fn sorts_with_zero_to_three_merge_passes_keeping_every_record() {
         .filter(|n| n.starts_with('.'))
         .collect();
     assert!(leftovers.is_empty(), "temporary files left: {leftovers:?}");
+}
+
+/// The `time: PHASE T s = PART t s + ...` lines: one per phase, each
+/// naming its parts, none negative, summing to the phase's time (what is
+/// left over is a part of its own, so double-counted waits show as parts
+/// above the total).
+fn assert_phase_times_add_up(out: &str) {
+    for (phase, parts) in [
+        (
+            "sort",
+            &[
+                "waiting for reads",
+                "sorting keys",
+                "gathering records",
+                "waiting for writes",
+                "other",
+            ][..],
+        ),
+        (
+            "merge",
+            &["waiting for reads", "waiting for writes", "merging"][..],
+        ),
+    ] {
+        let prefix = format!("time: {phase} phase ");
+        let line = out
+            .lines()
+            .find_map(|l| l.strip_prefix(prefix.as_str()))
+            .unwrap_or_else(|| panic!("no {prefix:?} line:\n{out}"));
+        let secs = |s: &str| -> f64 {
+            let number = s
+                .trim()
+                .strip_suffix(" s")
+                .and_then(|n| n.rsplit(' ').next());
+            number
+                .and_then(|n| n.parse().ok())
+                .unwrap_or_else(|| panic!("seconds in {s:?}"))
+        };
+        let (total, rest) = line.split_once(" = ").expect("PHASE T s = parts");
+        let got: Vec<(&str, f64)> = rest
+            .split(" + ")
+            .map(|p| (p.rsplitn(3, ' ').nth(2).expect("name"), secs(p)))
+            .collect();
+        let names: Vec<&str> = got.iter().map(|p| p.0).collect();
+        assert_eq!(names, parts, "{line}");
+        assert!(got.iter().all(|p| p.1 >= 0.0), "{line}");
+        let sum: f64 = got.iter().map(|p| p.1).sum();
+        // Each part is rounded to 0.01 s.
+        assert!(
+            (sum - secs(total)).abs() <= 0.005 * (parts.len() + 1) as f64,
+            "{line}"
+        );
+    }
 }
 
 /// Bytes the sort wrote to runs: "written: N UNIT to runs (CODEC) and OUT".
