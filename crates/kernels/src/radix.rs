@@ -432,16 +432,20 @@ fn divert<K: RadixKey, I: SortIndex>(
     for &k in keys.iter() {
         counts[digit(k)] += 1;
     }
-    // Prefix sums and the longest run in one pass over the counts.
-    let (mut sum, mut run_max) = (0u16, 0u16);
-    for c in counts.iter_mut() {
-        let here = *c;
-        run_max = run_max.max(here);
-        *c = sum;
-        sum += here;
-    }
+    // The longest run in a pass of its own, which the compiler vectorizes,
+    // then the prefix sums alone. One pass doing both kept a branchy max in
+    // the sums' chain: at 100M random u64 keys (`sortbench`, 2 threads,
+    // `perf record`) the finishing levels' samples fell from 0.85 to 0.80
+    // of the (unchanged) scatters' when split.
+    let run_max = counts.iter().fold(0u16, |m, &c| m.max(c));
     if run_max as usize > DIVERT_RUN_MAX {
         return false;
+    }
+    let mut sum = 0u16;
+    for c in counts.iter_mut() {
+        let here = *c;
+        *c = sum;
+        sum += here;
     }
     for (&k, &i) in keys.iter().zip(idx.iter()) {
         let slot = &mut counts[digit(k)];
