@@ -30,6 +30,7 @@ use std::time::Instant;
 
 use insitu_kernels::gather_rows_into;
 
+use crate::io::AlignedBuf;
 use crate::{ExtsortError, Result};
 
 /// How runs are stored.
@@ -208,7 +209,7 @@ pub fn decompress_frame(
 /// on up to `shape.threads` threads; appends each frame's stored length
 /// to `lens`. `out` needs spare capacity of
 /// [`stored_bytes_max`]`(raw.len(), shape.frame)`: it does not grow.
-pub fn compress_frames(raw: &[u8], shape: FrameShape, out: &mut Vec<u8>, lens: &mut Vec<u32>) {
+pub fn compress_frames(raw: &[u8], shape: FrameShape, out: &mut AlignedBuf, lens: &mut Vec<u32>) {
     let mut no_scratch = vec![];
     compress_frames_from(FrameSource::Raw(raw), shape, &mut no_scratch, out, lens);
 }
@@ -274,7 +275,7 @@ pub fn compress_frames_from(
     source: FrameSource<'_>,
     shape: FrameShape,
     scratch: &mut Vec<Vec<u8>>,
-    out: &mut Vec<u8>,
+    out: &mut AlignedBuf,
     lens: &mut Vec<u32>,
 ) {
     let FrameShape { frame, record, .. } = shape;
@@ -290,7 +291,7 @@ pub fn compress_frames_from(
         out.capacity() - start >= frames * slot,
         "the caller sized the buffer"
     );
-    out.resize(start + frames * slot, 0);
+    out.resize_for_overwrite(start + frames * slot);
     let mut written = vec![0usize; frames];
     let parts = shape.threads.clamp(1, frames.max(1));
     let per_part = frames.div_ceil(parts).max(1);
@@ -359,7 +360,7 @@ pub fn measure_codec(codec: RunCodec, sample: &[u8], frame: usize) -> CodecRate 
         return CodecRate::NONE;
     }
     let frame = frame.clamp(1, sample.len());
-    let mut stored = Vec::with_capacity(stored_bytes_max(sample.len(), frame));
+    let mut stored = AlignedBuf::with_capacity(stored_bytes_max(sample.len(), frame));
     let mut raw = vec![0u8; frame];
     let (mut compress, mut decompress) = (0f64, 0f64);
     for _ in 0..CODEC_SAMPLES {
@@ -423,7 +424,7 @@ mod tests {
                 let raw = records(n, n as u64 + 3);
                 for frame_records in [1usize, 7, 64] {
                     let frame = frame_records * 100;
-                    let mut out = Vec::with_capacity(7 + stored_bytes_max(raw.len(), frame));
+                    let mut out = AlignedBuf::with_capacity(7 + stored_bytes_max(raw.len(), frame));
                     out.extend_from_slice(b"prefix!");
                     let mut lens = vec![];
                     let shape = FrameShape {
@@ -482,7 +483,7 @@ mod tests {
                     record: 100,
                     threads,
                 };
-                let mut out = Vec::with_capacity(stored_bytes_max(naive.len(), shape.frame));
+                let mut out = AlignedBuf::with_capacity(stored_bytes_max(naive.len(), shape.frame));
                 let (mut lens, mut scratch) = (vec![], vec![]);
                 let source = FrameSource::Gather {
                     chunk: &chunk,
@@ -529,7 +530,7 @@ mod tests {
                 (RunCodec::None, &noise[..1]),
                 (codec, &text[..0]),
             ];
-            let mut out = Vec::with_capacity(pieces.len() * stored_bytes_max(7_000, 1_000));
+            let mut out = AlignedBuf::with_capacity(pieces.len() * stored_bytes_max(7_000, 1_000));
             let mut lens = vec![];
             for (c, raw) in pieces {
                 let shape = FrameShape {

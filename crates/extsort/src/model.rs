@@ -252,7 +252,8 @@ impl RunFormat {
 ///
 /// Plain runs: two read buffers per run (one being merged, one being
 /// read), two output blocks (one being filled, one being written) and the
-/// writer's staging request. Compressed runs: per run two raw frames and
+/// writer's staging request (allocated only if blocks do not come as
+/// whole aligned pages, but always counted). Compressed runs: per run two raw frames and
 /// the stored frame being read; on the output side two raw blocks and the
 /// two the writer compresses them into (one compressed, one written; only
 /// a pass that writes a run compresses, but one formula serves all).
@@ -262,15 +263,15 @@ pub fn merge_footprint_bytes(fan_in: u64, block: u64, format: RunFormat) -> u64 
     let block_usize = block as usize;
     if !format.compressed() {
         return 2 * fan_in * read_buffer_bytes(block_usize) as u64
-            + 2 * block
+            + 2 * aligned_bytes(block_usize) as u64
             + write_staging_bytes(block_usize) as u64;
     }
     let frame = format.frame as usize;
     let per_run = 2 * aligned_bytes(frame) + read_buffer_bytes(frame_bytes_max(frame));
     let stored_block = format.stored_max(block);
     fan_in * per_run as u64
-        + 2 * block
-        + 2 * stored_block
+        + 2 * aligned_bytes(block_usize) as u64
+        + 2 * aligned_bytes(stored_block as usize) as u64
         + write_staging_bytes(stored_block as usize) as u64
 }
 
@@ -283,11 +284,13 @@ pub fn merge_footprint_bytes(fan_in: u64, block: u64, format: RunFormat) -> u64 
 fn sort_overhead_bytes(sort_block: u64, format: RunFormat) -> u64 {
     let alignment_room = read_buffer_bytes(1) as u64 - 1;
     let stored = format.stored_max(sort_block);
-    let compressed_blocks = if format.compressed() { 2 * stored } else { 0 };
-    2 * sort_block
-        + compressed_blocks
-        + write_staging_bytes(stored as usize) as u64
-        + 2 * alignment_room
+    let out_blocks = 2 * aligned_bytes(stored as usize) as u64;
+    let gather_frames = if format.compressed() {
+        2 * sort_block
+    } else {
+        0
+    };
+    out_blocks + gather_frames + write_staging_bytes(stored as usize) as u64 + 2 * alignment_room
 }
 
 /// Raw bytes per frame of a compressed run in a budget of `mem`: whole

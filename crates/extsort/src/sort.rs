@@ -34,7 +34,10 @@ use crate::codec::{
     compress_frames_from, measure_codec, stored_bytes_max, CodecChoice, FrameShape, FrameSource,
     RunCodec,
 };
-use crate::io::{io_err, AtomicFile, Block, BlockReader, BlockWriter, RunDir, Written};
+use crate::io::{
+    aligned_block_records, io_err, AlignedBuf, AtomicFile, Block, BlockReader, BlockWriter, RunDir,
+    Written,
+};
 use crate::loser::{LoserTree, MergeCursor};
 use crate::model::{plan, Plan, Rates, FRAME_BYTES_MAX};
 use crate::probe::storage_rates;
@@ -217,7 +220,7 @@ fn measure_cpu(options: &ExtsortOptions, bytes: u64) -> CpuRates {
             *b = x as u8;
         }
     }
-    let mut out = Vec::with_capacity(data.len());
+    let mut out = AlignedBuf::with_capacity(data.len());
     let mut rates = CpuRates::default();
     // Half the sample, so the sample, its sorted copy and the runs to
     // merge (twice half) stay within `mem`: the sample is a quarter of it.
@@ -226,7 +229,7 @@ fn measure_cpu(options: &ExtsortOptions, bytes: u64) -> CpuRates {
         merge_sample
             .chunks((n / 2 / parts).max(1) * r)
             .map(|part| {
-                let mut sorted = vec![];
+                let mut sorted = vec![0; part.len()];
                 gather_records(part, r, &sort_chunk(part, r, k, 1), &mut sorted, 1);
                 sorted
             })
@@ -239,7 +242,14 @@ fn measure_cpu(options: &ExtsortOptions, bytes: u64) -> CpuRates {
     for _ in 0..CPU_SAMPLES {
         let start = Instant::now();
         let sorted = sort_chunk(&data, r, k, options.threads);
-        gather_records(&data, r, &sorted, &mut out, options.threads);
+        let len = data.len();
+        gather_records(
+            &data,
+            r,
+            &sorted,
+            out.resize_for_overwrite(len),
+            options.threads,
+        );
         best(&mut rates.sort, data.len(), start);
         let start = Instant::now();
         let merged = merge_in_memory(&two, r, k, &mut out);
@@ -261,7 +271,7 @@ struct CpuRates {
 
 /// Merges the sorted `runs` into `out` through the loser tree the merge
 /// phase uses, with the same key comparison; returns the bytes merged.
-fn merge_in_memory(runs: &[Vec<u8>], r: usize, k: usize, out: &mut Vec<u8>) -> usize {
+fn merge_in_memory(runs: &[Vec<u8>], r: usize, k: usize, out: &mut AlignedBuf) -> usize {
     out.clear();
     let cursors = runs.iter().map(|run| SliceCursor::new(run, r, k)).collect();
     let mut tree = merge_tree(cursors, k);
@@ -475,9 +485,8 @@ const PARALLEL_RECORDS_MIN: usize = 4096;
 /// `out` = the records of `chunk` that `order` names, in that order, on
 /// `threads` threads: random reads of 100-byte records are the sort
 /// phase's largest cost after the key sort.
-fn gather_records(chunk: &[u8], r: usize, order: &[u32], out: &mut Vec<u8>, threads: usize) {
-    out.clear();
-    out.resize(order.len() * r, 0);
+fn gather_records(chunk: &[u8], r: usize, order: &[u32], out: &mut [u8], threads: usize) {
+    assert_eq!(out.len(), order.len() * r, "room for the records named");
     let gather = |part: &[u32], dst: &mut [u8]| gather_rows_into(chunk, r, part, dst);
     on_threads((order, 1), (out, r), threads, gather);
 }
@@ -581,7 +590,7 @@ fn sort_phase(
     )?;
     let one_run = plan.input_bytes <= plan.run_bytes;
     let mut runs = vec![];
-    let block_records = (plan.sort_block_bytes as usize / r).max(1);
+    let block_records = aligned_block_records(plan.sort_block_bytes as usize, r);
     let compress = !one_run && plan.run_codec != RunCodec::None;
     let shape = frame_shape(plan, options.threads);
     // One frame per compressing thread, kept across blocks.
@@ -616,7 +625,10 @@ fn sort_phase(
                     };
                     compress_frames_from(source, shape, &mut scratch, &mut out, lens);
                 }
-                None => gather_records(&chunk, r, piece, &mut out, options.threads),
+                None => {
+                    let out = out.resize_for_overwrite(piece.len() * r);
+                    gather_records(&chunk, r, piece, out, options.threads)
+                }
             });
             timed(&mut times.write_wait_secs, || writer.write(out))?;
         }
@@ -812,7 +824,7 @@ fn merge_group(
         .map(|reader| RunCursor::start(reader, plan, options.key_size))
         .collect::<Result<Vec<_>>>()?;
     let mut tree = merge_tree(cursors, options.key_size);
-    let block = plan.merge_block_bytes as usize;
+    let block = aligned_block_records(plan.merge_block_bytes as usize, r) * r;
     let mut buf = timed(&mut times.write_wait_secs, || writer.buffer())?;
     while let Some(w) = tree.winner() {
         buf.extend_from_slice(tree.cursor(w).current());
@@ -920,16 +932,16 @@ mod tests {
                     let parts: Vec<Vec<u8>> = data
                         .chunks((n.div_ceil(runs)).max(1) * r)
                         .map(|part| {
-                            let mut sorted = vec![];
+                            let mut sorted = vec![0; part.len()];
                             gather_records(part, r, &sort_chunk(part, r, k, 1), &mut sorted, 1);
                             sorted
                         })
                         .collect();
-                    let mut out = vec![];
+                    let mut out = AlignedBuf::with_capacity(data.len());
                     assert_eq!(merge_in_memory(&parts, r, k, &mut out), n * r);
                     let mut want: Vec<&[u8]> = data.chunks(r).collect();
                     want.sort_by(|a, b| a[..k].cmp(&b[..k]));
-                    assert_eq!(out, want.concat(), "r {r} k {k} runs {runs} n {n}");
+                    assert_eq!(&out[..], want.concat(), "r {r} k {k} runs {runs} n {n}");
                 }
             }
         }
