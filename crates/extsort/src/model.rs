@@ -253,10 +253,11 @@ impl RunFormat {
 /// Plain runs: two read buffers per run (one being merged, one being
 /// read), two output blocks (one being filled, one being written) and the
 /// writer's staging request (allocated only if blocks do not come as
-/// whole aligned pages, but always counted). Compressed runs: per run two raw frames and
-/// the stored frame being read; on the output side two raw blocks and the
-/// two the writer compresses them into (one compressed, one written; only
-/// a pass that writes a run compresses, but one formula serves all).
+/// whole aligned pages, but always counted). Compressed runs: per run two
+/// raw frames and the stored frame being read; on the output side two raw
+/// blocks and the two the writer compresses them into (one compressed, one
+/// written; only a pass that writes a run compresses, but one formula
+/// serves all).
 /// The buffers as the reader and writer allocate them, alignment included:
 /// the heap meter of `insitu extsort` checks this against the budget.
 pub fn merge_footprint_bytes(fan_in: u64, block: u64, format: RunFormat) -> u64 {
