@@ -218,37 +218,38 @@ fn print_plan(p: &Plan) {
 /// the parts sum to the phase's time, the last being what the waits and
 /// named work leave (the merge itself, in the merge phase).
 fn print_phase_times(m: &Measured) {
-    let line = |phase: &str, total: f64, parts: &[(&str, f64)], rest: &str| {
-        let named: f64 = parts.iter().map(|p| p.1).sum();
+    let (s, g) = (&m.sort_times, &m.merge_times);
+    let phases = [
+        (
+            "sort",
+            m.sort_secs,
+            &[
+                ("waiting for reads", s.read_wait_secs),
+                ("sorting keys", s.sort_keys_secs),
+                ("gathering records", s.gather_secs),
+                ("waiting for writes", s.write_wait_secs),
+            ][..],
+            "other",
+        ),
+        (
+            "merge",
+            m.merge_secs,
+            &[
+                ("waiting for reads", g.read_wait_secs),
+                ("waiting for writes", g.write_wait_secs),
+            ][..],
+            "merging",
+        ),
+    ];
+    for (phase, total, parts, rest) in phases {
         let mut text = format!("time: {phase} phase {total:.2} s =");
         for (i, (what, secs)) in parts.iter().enumerate() {
             let plus = if i == 0 { "" } else { " +" };
             text.push_str(&format!("{plus} {what} {secs:.2} s"));
         }
+        let named: f64 = parts.iter().map(|p| p.1).sum();
         println!("{text} + {rest} {:.2} s", (total - named).max(0.0));
-    };
-    let s = &m.sort_times;
-    line(
-        "sort",
-        m.sort_secs,
-        &[
-            ("waiting for reads", s.read_wait_secs),
-            ("sorting keys", s.sort_keys_secs),
-            ("gathering records", s.gather_secs),
-            ("waiting for writes", s.write_wait_secs),
-        ],
-        "other",
-    );
-    let g = &m.merge_times;
-    line(
-        "merge",
-        m.merge_secs,
-        &[
-            ("waiting for reads", g.read_wait_secs),
-            ("waiting for writes", g.write_wait_secs),
-        ],
-        "merging",
-    );
+    }
 }
 
 pub fn extsort(a: ExtsortArgs) -> Result<(), String> {

@@ -360,7 +360,7 @@ impl BlockReader {
             .and_then(|skip| {
                 let frame = &stored.as_slice()[skip..skip + len as usize];
                 let cap = raw.cap;
-                let n = decompress_frame(codec, frame, raw.fill_mut(cap), &name, at)?;
+                let n = decompress_frame(codec, frame, raw.resize_for_overwrite(cap), &name, at)?;
                 Ok(Block {
                     buf: Some(raw),
                     start: 0,
@@ -394,7 +394,7 @@ impl BlockReader {
             let mut buf = buffers.take()?;
             let picked = &order[at..(at + per_block).min(order.len())];
             let n = picked.len() * record;
-            gather_rows_into(&chunk, record, picked, buf.fill_mut(n));
+            gather_rows_into(&chunk, record, picked, buf.resize_for_overwrite(n));
             at += picked.len();
             Some(Ok(Block {
                 buf: Some(buf),
@@ -457,7 +457,7 @@ fn read_block(
     let skip = (at - lo) as usize;
     let need = skip + n;
     let request = need.next_multiple_of(align as usize);
-    let dst = buf.fill_mut(request);
+    let dst = buf.resize_for_overwrite(request);
     let mut got = 0;
     while got < need {
         // A direct read past the end of the file returns what is there.
@@ -706,6 +706,13 @@ pub fn aligned_bytes(len: usize) -> usize {
     len.max(1).next_multiple_of(DIRECT_ALIGN)
 }
 
+/// True if `bytes` start on an aligned address and are whole aligned
+/// requests: direct I/O can take them as they are.
+fn is_direct_request(bytes: &[u8]) -> bool {
+    (bytes.as_ptr() as usize).is_multiple_of(DIRECT_ALIGN)
+        && bytes.len().is_multiple_of(DIRECT_ALIGN)
+}
+
 /// Records per block of at most `bytes` bytes of `record`-byte records:
 /// a multiple of the records that fill whole aligned pages, when `bytes`
 /// holds that many, so that full blocks go to storage without being staged
@@ -780,7 +787,7 @@ impl DirectSink {
         if !self.direct {
             return file.write_all(bytes).map_err(io_err(&self.path));
         }
-        if self.staging.is_none() && AlignedBuf::is_direct_request(bytes) {
+        if self.staging.is_none() && is_direct_request(bytes) {
             // No copy: staging every block cost the writer thread 9.7% of
             // a 2 GB sort's CPU samples, and 1.8% are left without it
             // (`perf record` on `insitu extsort`, 512 MiB budget).
@@ -928,73 +935,62 @@ impl AlignedBuf {
 
     /// Appends `bytes`, which must fit: the buffer does not grow.
     pub fn extend_from_slice(&mut self, bytes: &[u8]) {
+        let room = self.cap - self.len;
         assert!(
-            bytes.len() <= self.cap - self.len,
-            "{} bytes appended to an aligned buffer with room for {}",
-            bytes.len(),
-            self.cap - self.len
+            bytes.len() <= room,
+            "{} bytes appended to an aligned buffer with room for {room}",
+            bytes.len()
         );
-        self.push(bytes);
+        // SAFETY: `len + bytes.len() <= cap`; the source is a distinct slice.
+        unsafe {
+            let end = self.ptr.as_ptr().add(self.len);
+            std::ptr::copy_nonoverlapping(bytes.as_ptr(), end, bytes.len());
+        }
+        self.len += bytes.len();
+        self.init = self.init.max(self.len);
     }
 
     /// Makes the buffer `len` bytes long (at most its capacity) and
-    /// returns them, to be overwritten: unlike `Vec::resize`, new bytes
-    /// are not cleared first, which would cost a pass over the block.
+    /// returns them, to be overwritten: unlike `Vec::resize`, bytes are
+    /// cleared only the first time they are handed out, not on every use,
+    /// which would cost a pass over the block.
     pub fn resize_for_overwrite(&mut self, len: usize) -> &mut [u8] {
         assert!(
             len <= self.cap,
             "{len} bytes in an aligned buffer of {}",
             self.cap
         );
-        self.fill_mut(len)
+        self.len = len;
+        if len > self.init {
+            // SAFETY: `init..len` lies inside the `cap`-byte allocation.
+            unsafe {
+                let fresh = self.ptr.as_ptr().add(self.init);
+                std::ptr::write_bytes(fresh, 0, len - self.init);
+            }
+            self.init = len;
+        }
+        // SAFETY: the first `len <= init` bytes are initialized, and
+        // `&mut self` makes this the only view of them.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), len) }
     }
 
     pub fn truncate(&mut self, len: usize) {
         self.len = self.len.min(len);
     }
 
-    /// True if the bytes start on an aligned address and are whole
-    /// aligned requests: direct I/O can take them as they are.
-    fn is_direct_request(bytes: &[u8]) -> bool {
-        (bytes.as_ptr() as usize).is_multiple_of(DIRECT_ALIGN)
-            && bytes.len().is_multiple_of(DIRECT_ALIGN)
+    pub fn clear(&mut self) {
+        self.len = 0;
     }
 
     /// Appends as much of `bytes` as fits; returns how much.
     fn push(&mut self, bytes: &[u8]) -> usize {
         let n = bytes.len().min(self.cap - self.len);
-        // SAFETY: `len + n <= cap`; the source is a distinct slice.
-        unsafe {
-            std::ptr::copy_nonoverlapping(bytes.as_ptr(), self.ptr.as_ptr().add(self.len), n);
-        }
-        self.len += n;
-        self.init = self.init.max(self.len);
+        self.extend_from_slice(&bytes[..n]);
         n
     }
 
     fn is_full(&self) -> bool {
         self.len == self.cap
-    }
-
-    pub fn clear(&mut self) {
-        self.len = 0;
-    }
-
-    /// The first `len` bytes (capped at the capacity), to be overwritten,
-    /// and from then on the buffer's contents.
-    fn fill_mut(&mut self, len: usize) -> &mut [u8] {
-        self.len = len.min(self.cap);
-        if self.len > self.init {
-            // SAFETY: `init..len` lies inside the `cap`-byte allocation.
-            unsafe {
-                let fresh = self.ptr.as_ptr().add(self.init);
-                std::ptr::write_bytes(fresh, 0, self.len - self.init);
-            }
-            self.init = self.len;
-        }
-        // SAFETY: the first `len <= init` bytes are initialized, and
-        // `&mut self` makes this the only view of them.
-        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }
     }
 
     fn as_slice(&self) -> &[u8] {
@@ -1014,7 +1010,7 @@ impl std::ops::Deref for AlignedBuf {
 impl std::ops::DerefMut for AlignedBuf {
     fn deref_mut(&mut self) -> &mut [u8] {
         let len = self.len;
-        self.fill_mut(len)
+        self.resize_for_overwrite(len)
     }
 }
 
@@ -1532,7 +1528,7 @@ mod tests {
             // The records as a window that starts inside its buffer.
             let chunk = || {
                 let mut buf = AlignedBuf::new(aligned_bytes(whole.len() + 5));
-                buf.fill_mut(whole.len() + 5)[5..].copy_from_slice(&whole);
+                buf.resize_for_overwrite(whole.len() + 5)[5..].copy_from_slice(&whole);
                 Block {
                     buf: Some(buf),
                     start: 5,

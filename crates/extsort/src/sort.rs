@@ -242,14 +242,8 @@ fn measure_cpu(options: &ExtsortOptions, bytes: u64) -> CpuRates {
     for _ in 0..CPU_SAMPLES {
         let start = Instant::now();
         let sorted = sort_chunk(&data, r, k, options.threads);
-        let len = data.len();
-        gather_records(
-            &data,
-            r,
-            &sorted,
-            out.resize_for_overwrite(len),
-            options.threads,
-        );
+        let gathered = out.resize_for_overwrite(data.len());
+        gather_records(&data, r, &sorted, gathered, options.threads);
         best(&mut rates.sort, data.len(), start);
         let start = Instant::now();
         let merged = merge_in_memory(&two, r, k, &mut out);
