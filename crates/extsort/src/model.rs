@@ -81,7 +81,7 @@
 //! needs no extra pass.
 
 use crate::codec::{frame_bytes_max, stored_bytes_max, CodecChoice, CodecRate, RunCodec};
-use crate::io::{aligned_bytes, read_buffer_bytes, write_staging_bytes};
+use crate::io::{aligned_block_records, aligned_bytes, read_buffer_bytes, write_staging_bytes};
 use crate::{ExtsortError, Result};
 
 /// Smallest block a merge reads from one run or writes at once
@@ -250,10 +250,13 @@ impl RunFormat {
 
 /// Bytes a merge of `fan_in` runs in `block`-byte blocks holds.
 ///
+/// `block` is the merge's block exactly as its writer fills it
+/// ([`writer_block_bytes`]).
+///
 /// Plain runs: two read buffers per run (one being merged, one being
 /// read), two output blocks (one being filled, one being written) and the
-/// writer's staging request (allocated only if blocks do not come as
-/// whole aligned pages, but always counted). Compressed runs: per run two
+/// writer's staging (one page for the last block's tail when blocks are
+/// whole pages, else a request). Compressed runs: per run two
 /// raw frames and the stored frame being read; on the output side two raw
 /// blocks and the two the writer compresses them into (one compressed, one
 /// written; only a pass that writes a run compresses, but one formula
@@ -265,7 +268,7 @@ pub fn merge_footprint_bytes(fan_in: u64, block: u64, format: RunFormat) -> u64 
     if !format.compressed() {
         return 2 * fan_in * read_buffer_bytes(block_usize) as u64
             + 2 * aligned_bytes(block_usize) as u64
-            + write_staging_bytes(block_usize) as u64;
+            + write_staging_bytes(block_usize, true) as u64;
     }
     let frame = format.frame as usize;
     let per_run = 2 * aligned_bytes(frame) + read_buffer_bytes(frame_bytes_max(frame));
@@ -273,7 +276,14 @@ pub fn merge_footprint_bytes(fan_in: u64, block: u64, format: RunFormat) -> u64 
     fan_in * per_run as u64
         + 2 * aligned_bytes(block_usize) as u64
         + 2 * aligned_bytes(stored_block as usize) as u64
-        + write_staging_bytes(stored_block as usize) as u64
+        + write_staging_bytes(stored_block as usize, false) as u64
+}
+
+/// The bytes of a full block the sort's writers fill, given a block size
+/// of at most `bytes`: whole records, and whole pages when that many fit
+/// ([`aligned_block_records`]), so that the writer stages only a tail.
+pub fn writer_block_bytes(bytes: u64, record_size: u64) -> u64 {
+    aligned_block_records(bytes as usize, record_size as usize) as u64 * record_size
 }
 
 /// Bytes the sort phase holds besides the run's records and their keys:
@@ -291,7 +301,8 @@ fn sort_overhead_bytes(sort_block: u64, format: RunFormat) -> u64 {
     } else {
         0
     };
-    out_blocks + gather_frames + write_staging_bytes(stored as usize) as u64 + 2 * alignment_room
+    let staging = write_staging_bytes(stored as usize, !format.compressed()) as u64;
+    out_blocks + gather_frames + staging + 2 * alignment_room
 }
 
 /// Raw bytes per frame of a compressed run in a budget of `mem`: whole
@@ -307,10 +318,11 @@ fn frame_bytes(mem: u64, record_size: u64) -> u64 {
 /// KiB of it on a 12-way merge with an 8 MiB budget.
 pub const BOOKKEEPING_BYTES: u64 = 128 << 10;
 
-/// The smallest memory budget that can merge: two runs in blocks of
-/// [`MERGE_BLOCK_BYTES_MIN`], and the bookkeeping.
-pub fn min_mem_bytes() -> u64 {
-    merge_footprint_bytes(2, MERGE_BLOCK_BYTES_MIN, RunFormat::PLAIN) + BOOKKEEPING_BYTES
+/// The smallest memory budget that can merge `record_size`-byte records:
+/// two runs in blocks of [`MERGE_BLOCK_BYTES_MIN`], and the bookkeeping.
+pub fn min_mem_bytes(record_size: u64) -> u64 {
+    let block = writer_block_bytes(MERGE_BLOCK_BYTES_MIN, record_size);
+    merge_footprint_bytes(2, block, RunFormat::PLAIN) + BOOKKEEPING_BYTES
 }
 
 /// Largest run the sort phase can hold in `mem`: two input buffers
@@ -323,9 +335,9 @@ fn max_run_bytes(mem: u64, record_size: u64, format: RunFormat) -> u64 {
 }
 
 /// The sort phase's output block: [`SORT_BLOCK_BYTES`], or less in a
-/// small budget, whole records.
+/// small budget, as its writer fills it ([`writer_block_bytes`]).
 fn sort_block_bytes(mem: u64, record_size: u64) -> u64 {
-    (SORT_BLOCK_BYTES.min(mem / 8) / record_size).max(1) * record_size
+    writer_block_bytes(SORT_BLOCK_BYTES.min(mem / 8), record_size)
 }
 
 /// Bytes the last chunk holds while it waits, sorted, to be merged from
@@ -350,12 +362,13 @@ fn keeps_last_run(
         return false;
     };
     let block = merge_block_bytes(mem, fan_in, record_size, format).min(MERGE_BLOCK_BYTES_MIN);
+    let block = writer_block_bytes(block, record_size);
     merge_footprint_bytes(fan_in, block, format) <= left
 }
 
 /// Most runs one merge can take in blocks of [`MERGE_BLOCK_BYTES_MIN`].
-fn max_fan_in(mem: u64, format: RunFormat) -> u64 {
-    let block = MERGE_BLOCK_BYTES_MIN;
+fn max_fan_in(mem: u64, record_size: u64, format: RunFormat) -> u64 {
+    let block = writer_block_bytes(MERGE_BLOCK_BYTES_MIN, record_size);
     let per_run = merge_footprint_bytes(2, block, format) - merge_footprint_bytes(1, block, format);
     let mut fan_in = mem / per_run;
     while fan_in > 0 && merge_footprint_bytes(fan_in, block, format) > mem {
@@ -364,23 +377,26 @@ fn max_fan_in(mem: u64, format: RunFormat) -> u64 {
     fan_in
 }
 
-/// The largest merge block (whole records, at most
+/// The largest merge block (as its writer fills it, at most
 /// [`MERGE_BLOCK_BYTES_MAX`]) whose merge of `fan_in` runs fits in `mem`.
 fn merge_block_bytes(mem: u64, fan_in: u64, record_size: u64, format: RunFormat) -> u64 {
+    let block = |records: u64| writer_block_bytes(records * record_size, record_size);
     let (mut fits, mut over) = (1u64, MERGE_BLOCK_BYTES_MAX / record_size + 1);
-    if merge_footprint_bytes(fan_in, record_size, format) > mem {
-        return record_size;
+    if merge_footprint_bytes(fan_in, block(1), format) > mem {
+        return block(1);
     }
-    // Binary search in records: the footprint grows with the block.
+    // Binary search in records: the footprint grows with the block (but
+    // for the staging, which shrinks to a page once blocks are whole
+    // pages; the search then settles on a block that fits, if smaller).
     while over - fits > 1 {
         let mid = (fits + over) / 2;
-        if merge_footprint_bytes(fan_in, mid * record_size, format) <= mem {
+        if merge_footprint_bytes(fan_in, block(mid), format) <= mem {
             fits = mid;
         } else {
             over = mid;
         }
     }
-    fits * record_size
+    block(fits)
 }
 
 /// ⌈log_l(runs)⌉: 0 for one run (the sort phase writes OUT itself).
@@ -408,12 +424,16 @@ pub fn plan(
 ) -> Result<Plan> {
     let need = min_budget_bytes(input_bytes, record_size);
     if mem < need {
-        let why = match need < min_mem_bytes() {
+        let why = match need < min_mem_bytes(record_size) {
             true => "to sort it in memory as one run".to_string(),
-            false => format!(
-                "for a merge: 2 runs x 2 blocks of {MERGE_BLOCK_BYTES_MIN} bytes, \
-                 2 output blocks and a write request"
-            ),
+            false => {
+                let block = writer_block_bytes(MERGE_BLOCK_BYTES_MIN, record_size);
+                let staging = write_staging_bytes(block as usize, true);
+                format!(
+                    "for a merge: 2 runs x 2 blocks of {block} bytes, \
+                     2 output blocks and {staging} bytes of write staging"
+                )
+            }
         };
         return Err(ExtsortError::Invalid(format!(
             "--mem {mem} bytes is too small for this input: it needs at least {need} bytes ({why})"
@@ -458,7 +478,7 @@ pub fn min_budget_bytes(input_bytes: u64, record_size: u64) -> u64 {
             && max_run_bytes(budget - BOOKKEEPING_BYTES, record_size, RunFormat::PLAIN)
                 >= records * record_size
     };
-    let merge_min = min_mem_bytes();
+    let merge_min = min_mem_bytes(record_size);
     if !fits(merge_min) {
         return merge_min;
     }
@@ -492,7 +512,7 @@ fn plan_format(
         return Ok(None);
     }
     let records = input_bytes.div_ceil(record_size).max(1);
-    let fan_max = max_fan_in(mem, format);
+    let fan_max = max_fan_in(mem, record_size, format);
     let one_run = records * record_size <= run_max;
     if fan_max < 2 && !one_run {
         return Ok(None);
@@ -722,20 +742,24 @@ mod tests {
     #[test]
     fn every_plan_fits_its_budget() {
         let mib = 1u64 << 20;
-        for mem in [
-            min_mem_bytes(),
-            2 * mib,
-            3 * mib + 12345,
-            8 * mib,
-            64 * mib,
-            1 << 30,
-        ] {
-            let cases = [1000u64, mib, 40 * mib, 4 << 30].into_iter().flat_map(|n| {
-                [100u64, 1, 4096]
-                    .into_iter()
-                    .flat_map(move |record| RunCodec::ALL.map(|codec| (n, record, codec)))
-            });
-            for (n, record, codec) in cases {
+        // Records that fill whole pages in small blocks (1, 4096), in
+        // large ones only (100), and never (4097: every block staged).
+        let budgets = [100u64, 1, 4096, 4097].into_iter().flat_map(|record| {
+            [
+                min_mem_bytes(record),
+                2 * mib,
+                3 * mib + 12345,
+                8 * mib,
+                64 * mib,
+                1 << 30,
+            ]
+            .map(|mem| (mem, record))
+        });
+        for (mem, record) in budgets {
+            let cases = [1000u64, mib, 40 * mib, 4 << 30]
+                .into_iter()
+                .flat_map(|n| RunCodec::ALL.map(|codec| (n, codec)));
+            for (n, codec) in cases {
                 let Ok(p) = plan(n, record, mem, RATES, CodecChoice::Only(codec)) else {
                     // Compressed runs may not fit the smallest budgets.
                     assert!(
@@ -989,8 +1013,8 @@ mod tests {
     #[test]
     fn small_memory_means_more_passes_and_too_little_is_an_error() {
         let mib = 1u64 << 20;
-        // 3 MiB: fan-in up to 4, runs of at most about 800 KiB.
-        for (n, passes) in [(mib / 2, 0), (2 * mib, 1), (8 * mib, 2), (32 * mib, 3)] {
+        // 3 MiB: fan-in up to 6, runs of at most about 960 KiB.
+        for (n, passes) in [(mib / 2, 0), (2 * mib, 1), (8 * mib, 2), (64 * mib, 3)] {
             let p = plan(n, 100, 3 * mib, RATES, NONE).unwrap();
             assert_eq!(p.merge_passes, passes, "{n}: {p:?}");
             assert!(passes < 2 || p.runs > p.fan_in.pow(passes - 1), "{p:?}");
@@ -999,7 +1023,7 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(
-            err.contains("too small") && err.contains(&min_mem_bytes().to_string()),
+            err.contains("too small") && err.contains(&min_mem_bytes(100).to_string()),
             "{err}"
         );
     }
@@ -1014,7 +1038,7 @@ mod tests {
         assert_eq!((p.runs, p.merge_passes), (1, 0), "{p:?}");
         for input in [100, 100 * kib, 300 * kib] {
             let need = min_budget_bytes(input, 100);
-            assert!(need < min_mem_bytes(), "{input}: {need}");
+            assert!(need < min_mem_bytes(100), "{input}: {need}");
             let p = plan(input, 100, need, RATES, CodecChoice::Auto).unwrap();
             assert_eq!(p.runs, 1, "{input} at {need}: {p:?}");
             let err = plan(input, 100, need - 1, RATES, CodecChoice::Auto).unwrap_err();
@@ -1025,7 +1049,7 @@ mod tests {
             );
         }
         let need = min_budget_bytes(4 << 20, 100);
-        assert_eq!(need, min_mem_bytes());
+        assert_eq!(need, min_mem_bytes(100));
         let err = plan(4 << 20, 100, need - 1, RATES, NONE).unwrap_err();
         assert!(err.to_string().contains("for a merge"), "{err}");
         assert!(plan(100, 100, BOOKKEEPING_BYTES, RATES, NONE).is_err());
