@@ -27,8 +27,8 @@ use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use insitu_kernels::gather_rows_into;
 use insitu_kernels::radix::sort_pairs;
+use insitu_kernels::{gather_rows_into, prefetch};
 
 use crate::codec::{
     compress_frames_from, measure_codec, stored_bytes_max, CodecChoice, FrameShape, FrameSource,
@@ -654,6 +654,14 @@ struct RunCursor {
     read_wait_secs: f64,
 }
 
+/// How far ahead in its block a run's bytes are prefetched as the merge
+/// takes its records: a run's next record is wanted only after the other
+/// runs' turns, but its key, read at once for the tree, missed the cache.
+/// At 512 bytes the 2 GB sort (512 MiB budget, fan-in 10) merged in a
+/// median 0.875 of the time without, over 10 alternating pairs (9 of them
+/// faster); 1024 bytes gained less.
+const MERGE_PREFETCH_BYTES: usize = 512;
+
 /// Key bytes the cursor's integer prefix covers.
 const PREFIX_BYTES: usize = 16;
 
@@ -724,6 +732,11 @@ impl RunCursor {
 
     fn advance(&mut self) -> Result<()> {
         self.at += self.record;
+        prefetch(
+            self.block
+                .as_ptr()
+                .wrapping_add(self.at + MERGE_PREFETCH_BYTES),
+        );
         if self.at >= self.block.len() {
             let reader = &mut self.reader;
             let next = timed(&mut self.read_wait_secs, || reader.next_block())?;

@@ -37,7 +37,7 @@ use arrow::error::ArrowError;
 use arrow::ipc::reader::StreamReader;
 use arrow::ipc::writer::StreamWriter;
 use insitu_kernels::mem::{pooled_buffer, take_vec, Pod};
-use insitu_kernels::validate_utf8_views;
+use insitu_kernels::{prefetch, validate_utf8_views};
 use insitu_wire::{HybridBlock, HybridLayout, RowGroupStats, RowSlot, Section};
 
 use crate::{io_err, FormatError, FormatResult};
@@ -577,17 +577,6 @@ unsafe fn head_and_tail<const W: usize>(value: &[u8], dst: *mut u8) {
     let tail = (value.as_ptr().add(len - W) as *const [u8; W]).read_unaligned();
     (dst as *mut [u8; W]).write_unaligned(head);
     (dst.add(len - W) as *mut [u8; W]).write_unaligned(tail);
-}
-
-/// Asks the CPU to bring `p`'s cache line in; a hint, never a fault.
-fn prefetch(p: *const u8) {
-    #[cfg(target_arch = "x86_64")]
-    // SAFETY: prefetch never dereferences: any address is allowed.
-    unsafe {
-        std::arch::x86_64::_mm_prefetch(p as *const i8, std::arch::x86_64::_MM_HINT_T0)
-    };
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = p;
 }
 
 /// Encodes one block's key columns as a self-contained Arrow IPC stream.

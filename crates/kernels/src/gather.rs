@@ -50,8 +50,16 @@ pub(crate) fn prefetch_pays(source_bytes: usize) -> bool {
     source_bytes > l2_bytes() / 2
 }
 
+/// Asks the CPU to bring `p`'s cache line into L1 for reading: a hint
+/// that never faults, whatever the address.
+///
+/// ```
+/// let values = [1u8, 2, 3];
+/// // Past the end is fine: a prefetch never dereferences.
+/// insitu_kernels::prefetch(values.as_ptr().wrapping_add(4096));
+/// ```
 #[inline(always)]
-pub(crate) fn prefetch<T>(p: *const T) {
+pub fn prefetch<T>(p: *const T) {
     #[cfg(target_arch = "x86_64")]
     // SAFETY: prefetching is a hint; it never faults, whatever the address.
     unsafe {

@@ -45,7 +45,7 @@ pub use dictionary::{
 };
 pub use gather::{
     gather, gather_batch, gather_batch_with, gather_rows, gather_rows_into, gather_values,
-    ROW_GROUP_BYTES_MAX,
+    prefetch, ROW_GROUP_BYTES_MAX,
 };
 pub use gather_source::{concat_views, widens_to, GatherSource, ScatteredBatches, SourceLayout};
 pub use interleave::interleave_batches;
