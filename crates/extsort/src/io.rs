@@ -1045,8 +1045,9 @@ impl std::ops::Deref for AlignedBuf {
 
 impl std::ops::DerefMut for AlignedBuf {
     fn deref_mut(&mut self) -> &mut [u8] {
-        let len = self.len;
-        self.resize_for_overwrite(len)
+        // SAFETY: the first `len <= init` bytes are initialized, and
+        // `&mut self` makes this the only view of them.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }
     }
 }
 

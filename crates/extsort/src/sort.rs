@@ -584,7 +584,10 @@ fn sort_phase(
     )?;
     let one_run = plan.input_bytes <= plan.run_bytes;
     let mut runs = vec![];
-    let block_records = aligned_block_records(plan.sort_block_bytes as usize, r);
+    // The plan sizes blocks as the writer fills them: whole records, and
+    // whole pages when that many fit (`model::writer_block_bytes`).
+    let block_records = plan.sort_block_bytes as usize / r;
+    debug_assert_eq!(block_records, aligned_block_records(block_records * r, r));
     let compress = !one_run && plan.run_codec != RunCodec::None;
     let shape = frame_shape(plan, options.threads);
     // One frame per compressing thread, kept across blocks.
@@ -831,7 +834,12 @@ fn merge_group(
         .map(|reader| RunCursor::start(reader, plan, options.key_size))
         .collect::<Result<Vec<_>>>()?;
     let mut tree = merge_tree(cursors, options.key_size);
-    let block = aligned_block_records(plan.merge_block_bytes as usize, r) * r;
+    let block = plan.merge_block_bytes as usize;
+    debug_assert_eq!(
+        block,
+        aligned_block_records(block, r) * r,
+        "a writer's block"
+    );
     let mut buf = timed(&mut times.write_wait_secs, || writer.buffer())?;
     while let Some(w) = tree.winner() {
         buf.extend_from_slice(tree.cursor(w).current());
