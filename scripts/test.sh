@@ -27,5 +27,8 @@ if [ "${INSITU_SLOW_TESTS:-0}" = "1" ]; then
   smoke=$(mktemp -d)
   trap 'rm -rf "$smoke"' EXIT
   INSITU_BENCH_DATA="$smoke/orderby" bench/orderby.sh 0.01 1 2 2
-  INSITU_BENCH_SETTLE_SECS=0 bench/extsort.sh 400000 64 1 "$smoke/extsort"
+  # 128 MiB: DuckDB 2.0's ORDER BY ran out of memory at its 64 MiB limit
+  # on these 38 MiB (and at 96 MiB on 114 MiB); insitu's merge paths are
+  # covered by the extsort tests.
+  INSITU_BENCH_SETTLE_SECS=0 bench/extsort.sh 400000 128 1 "$smoke/extsort"
 fi
