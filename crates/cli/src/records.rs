@@ -75,6 +75,10 @@ pub struct ExtsortArgs {
     /// $XDG_CACHE_HOME/insitu/storage-rates (default ~/.cache/insitu).
     #[arg(long)]
     pub reprobe: bool,
+    /// Run size M, e.g. 256MiB, in place of the model's choice (whole
+    /// records; at most what --mem holds). Fan-in and passes follow.
+    #[arg(long, value_name = "SIZE", value_parser = parse_bytes)]
+    pub run_size: Option<usize>,
 }
 
 fn bar(total: u64, unit: &str, what: &str) -> ProgressBar {
@@ -216,23 +220,33 @@ fn print_plan(p: &Plan) {
 
 /// Where each phase's time went, as `time: PHASE T s = PART t s + ...`:
 /// the parts sum to the phase's time, the last being what the waits and
-/// named work leave (the merge itself, in the merge phase).
+/// named work leave (the merge itself, in the merge phase). The sort
+/// phase's run writer gathers and writes one chunk while the next one's
+/// keys sort: its line is the same span, on its own thread.
 fn print_phase_times(m: &Measured) {
-    let (s, g) = (&m.sort_times, &m.merge_times);
+    let (s, w, g) = (&m.sort_times.main, &m.sort_times.run_writer, &m.merge_times);
     let phases = [
         (
-            "sort",
+            "sort phase",
             m.sort_secs,
             &[
                 ("waiting for reads", s.read_wait_secs),
                 ("sorting keys", s.sort_keys_secs),
-                ("gathering records", s.gather_secs),
-                ("waiting for writes", s.write_wait_secs),
+                ("waiting for the run writer", s.write_wait_secs),
             ][..],
             "other",
         ),
         (
-            "merge",
+            "sort phase's run writer",
+            m.sort_secs,
+            &[
+                ("gathering records", w.gather_secs),
+                ("waiting for writes", w.write_wait_secs),
+            ][..],
+            "waiting for chunks",
+        ),
+        (
+            "merge phase",
             m.merge_secs,
             &[
                 ("waiting for reads", g.read_wait_secs),
@@ -242,7 +256,7 @@ fn print_phase_times(m: &Measured) {
         ),
     ];
     for (phase, total, parts, rest) in phases {
-        let mut text = format!("time: {phase} phase {total:.2} s =");
+        let mut text = format!("time: {phase} {total:.2} s =");
         for (i, (what, secs)) in parts.iter().enumerate() {
             let plus = if i == 0 { "" } else { " +" };
             text.push_str(&format!("{plus} {what} {secs:.2} s"));
@@ -265,6 +279,7 @@ pub fn extsort(a: ExtsortArgs) -> Result<(), String> {
         run_codec: a.run_codec,
         storage_rates_cache: insitu_extsort::probe::default_cache_path(),
         reprobe: a.reprobe,
+        run_bytes: a.run_size.map(|m| m as u64),
     };
     return_freed_buffers();
     let started = Instant::now();

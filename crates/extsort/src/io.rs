@@ -419,8 +419,26 @@ impl BlockReader {
 
     /// Hands a consumed block back for reuse.
     pub fn recycle(&self, block: Block) {
+        self.recycler().recycle(block);
+    }
+
+    /// A handle that hands blocks back from another thread.
+    pub fn recycler(&self) -> Recycler {
+        Recycler(self.recycle.clone().expect("open"))
+    }
+}
+
+/// Hands a [`BlockReader`]'s consumed blocks back for reuse, from any
+/// thread: the sort phase's run writer frees a chunk once it is written.
+/// Dropping the reader waits for its thread, which may wait for a spare
+/// buffer while a recycler lives: drop recyclers first.
+#[derive(Clone)]
+pub struct Recycler(SyncSender<AlignedBuf>);
+
+impl Recycler {
+    pub fn recycle(&self, block: Block) {
         if let Some(buf) = block.buf {
-            let _ = self.recycle.as_ref().expect("open").try_send(buf);
+            let _ = self.0.try_send(buf);
         }
     }
 }

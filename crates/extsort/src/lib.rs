@@ -28,7 +28,7 @@ pub mod sort;
 pub use codec::{CodecChoice, RunCodec};
 pub use model::{Plan, Rates};
 pub use record::{gensort, valsort, GenOptions, Validation, KEY_BYTES, RECORD_BYTES};
-pub use sort::{extsort, plan_sort, ExtsortOptions, Measured, Phase, PhaseTimes};
+pub use sort::{extsort, plan_sort, ExtsortOptions, Measured, Phase, PhaseTimes, SortTimes};
 
 /// Errors of the external sort and the record tools; each names the file
 /// or the limit involved.

@@ -94,9 +94,10 @@ pub const MERGE_BLOCK_BYTES_MIN: u64 = 256 << 10;
 pub const MERGE_BLOCK_BYTES_MAX: u64 = 32 << 20;
 /// Output block of the sort phase (`sort_block_bytes`).
 pub const SORT_BLOCK_BYTES: u64 = 4 << 20;
-/// Sort phase bytes of key and index per record held besides the record:
-/// a 16-byte key and 4-byte index, twice (the radix sort's scratch).
-const SORT_BYTES_PER_RECORD: u64 = 40;
+/// Sort phase bytes per record held besides the records: a 16-byte key
+/// and 4-byte index, twice (the radix sort's scratch), and the 4-byte
+/// order of the chunk before, which the run writer gathers meanwhile.
+const SORT_BYTES_PER_RECORD: u64 = 44;
 
 /// Records a radix bucket holds when it is finished in cache (the n of
 /// eq. 3: the kernels' insertion-sorted small blocks).
@@ -422,6 +423,20 @@ pub fn plan(
     rates: Rates,
     choice: CodecChoice,
 ) -> Result<Plan> {
+    plan_with_run_bytes(input_bytes, record_size, mem, rates, choice, None)
+}
+
+/// As [`plan`], with runs of `run_bytes` (rounded down to whole records)
+/// if given, in place of the model's choice; fan-in, passes and buffers
+/// follow from it as they would.
+pub fn plan_with_run_bytes(
+    input_bytes: u64,
+    record_size: u64,
+    mem: u64,
+    rates: Rates,
+    choice: CodecChoice,
+    run_bytes: Option<u64>,
+) -> Result<Plan> {
     let need = min_budget_bytes(input_bytes, record_size);
     if mem < need {
         let why = match need < min_mem_bytes(record_size) {
@@ -449,7 +464,7 @@ pub fn plan(
                 frame_bytes(mem - BOOKKEEPING_BYTES, record_size)
             },
         };
-        let Some(p) = plan_format(input_bytes, record_size, mem, rates, format)? else {
+        let Some(p) = plan_format(input_bytes, record_size, mem, rates, format, run_bytes)? else {
             continue;
         };
         // Clearly faster only: near-ties keep the plainer format (listed
@@ -462,10 +477,15 @@ pub fn plan(
             best = Some(p);
         }
     }
-    best.ok_or_else(|| {
-        ExtsortError::Invalid(format!(
+    best.ok_or_else(|| match run_bytes {
+        Some(m) => ExtsortError::Invalid(format!(
+            "--run-size {m} bytes does not fit --mem {mem} bytes as {choice} runs: \
+             they hold runs of at most {} bytes",
+            max_run_bytes(mem - BOOKKEEPING_BYTES, record_size, RunFormat::PLAIN)
+        )),
+        None => ExtsortError::Invalid(format!(
             "--mem {mem} bytes cannot merge two {choice} runs; allow a larger budget or another codec"
-        ))
+        )),
     })
 }
 
@@ -502,10 +522,16 @@ fn plan_format(
     budget: u64,
     rates: Rates,
     format: RunFormat,
+    run_bytes: Option<u64>,
 ) -> Result<Option<Plan>> {
     // What the buffers may use; the rest is the bookkeeping's.
     let mem = budget - BOOKKEEPING_BYTES;
     let run_max = max_run_bytes(mem, record_size, format);
+    // A run need not be larger than the input.
+    let whole_input = input_bytes.div_ceil(record_size).max(1) * record_size;
+    if run_bytes.is_some_and(|m| m.min(whole_input) > run_max) {
+        return Ok(None);
+    }
     if run_max < record_size {
         // Too little for this format's buffers (plain runs were checked
         // against the budget's minimum before).
@@ -519,12 +545,17 @@ fn plan_format(
     }
     // A one-run plan never merges; 2 keeps the arithmetic below whole.
     let fan_max = fan_max.max(2);
-    // Candidates: the largest run, and halvings of it down to one block.
+    // Candidates: the largest run, and halvings of it down to one block;
+    // or the one asked for.
     let mut candidates = vec![];
-    let mut m = run_max;
+    let mut m = run_bytes.unwrap_or(run_max);
     while m >= record_size && candidates.len() < 40 {
         candidates.push((m / record_size).max(1) * record_size);
         m /= 2;
+    }
+    if run_bytes.is_some() {
+        candidates.truncate(1);
+        candidates.resize(1, record_size);
     }
     let predict = |run_bytes: u64| {
         let runs = input_bytes.div_ceil(run_bytes).max(1);
@@ -699,6 +730,31 @@ mod tests {
             0 => sort,
             p => sort + f64::from(p - 1) * pass(n) + pass(stored),
         }
+    }
+
+    /// `--run-size` replaces the model's M: whole records, at most the
+    /// input; fan-in and passes follow from it; one larger than the
+    /// budget holds is an error naming the largest.
+    #[test]
+    fn a_given_run_size_replaces_the_models_choice() {
+        let (mib, gib) = (1u64 << 20, 1u64 << 30);
+        let given = |n: u64, m: u64| plan_with_run_bytes(n, 100, gib, RATES, NONE, Some(m));
+        let p = given(8 * gib, 100 * mib + 7).unwrap();
+        assert_eq!(p.run_bytes, (100 * mib + 7) / 100 * 100, "{p:?}");
+        assert_eq!(p.runs, (8 * gib).div_ceil(p.run_bytes));
+        assert_eq!((p.merge_passes, p.fan_in), (1, p.runs), "{p:?}");
+        let p = given(8 * gib, 2 * mib).unwrap();
+        assert_eq!(p.merge_passes, passes(p.runs, p.fan_in), "{p:?}");
+        assert!(p.merge_passes >= 2, "{p:?}");
+        assert_eq!(
+            given(10 * mib, 512 * mib).unwrap().runs,
+            1,
+            "the input fits"
+        );
+        let max = max_run_bytes(gib - BOOKKEEPING_BYTES, 100, PLAIN);
+        assert_eq!(given(8 * gib, max).unwrap().run_bytes, max);
+        let err = given(8 * gib, max + 100).unwrap_err().to_string();
+        assert!(err.contains(&format!("at most {max} bytes")), "{err}");
     }
 
     #[test]

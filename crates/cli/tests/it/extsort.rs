@@ -104,21 +104,28 @@ fn sorts_with_zero_to_three_merge_passes_keeping_every_record() {
 fn assert_phase_times_add_up(out: &str) {
     for (phase, parts) in [
         (
-            "sort",
+            "sort phase",
             &[
                 "waiting for reads",
                 "sorting keys",
-                "gathering records",
-                "waiting for writes",
+                "waiting for the run writer",
                 "other",
             ][..],
         ),
         (
-            "merge",
+            "sort phase's run writer",
+            &[
+                "gathering records",
+                "waiting for writes",
+                "waiting for chunks",
+            ][..],
+        ),
+        (
+            "merge phase",
             &["waiting for reads", "waiting for writes", "merging"][..],
         ),
     ] {
-        let prefix = format!("time: {phase} phase ");
+        let prefix = format!("time: {phase} ");
         let line = out
             .lines()
             .find_map(|l| l.strip_prefix(prefix.as_str()))
@@ -525,6 +532,17 @@ fn explain_plans_without_sorting() {
     );
     assert!(o.contains("measured: read"), "{o}");
     assert!(!out.exists());
+    // A given run size replaces the model's; one the budget cannot hold
+    // is an error that says so.
+    let (ok, o, err) = extsort(&input, &out, "2MiB", &["--explain", "--run-size", "500KB"]);
+    assert!(ok, "{err}");
+    assert!(o.contains("runs of M = 488.28 KiB -> 4 runs"), "{o}");
+    let (ok, _, err) = extsort(&input, &out, "2MiB", &["--explain", "--run-size", "1MiB"]);
+    assert!(!ok);
+    assert!(
+        err.contains("--run-size 1048576 bytes does not fit --mem"),
+        "{err}"
+    );
 }
 
 #[test]
