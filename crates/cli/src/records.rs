@@ -57,7 +57,8 @@ pub struct ExtsortArgs {
     /// Directory for sorted runs (default: OUT's directory).
     #[arg(long)]
     pub tmp: Option<PathBuf>,
-    /// Threads for the in-memory sort.
+    /// Threads for the in-memory sort, and for the last merge pass (one key
+    /// range each) when memory allows.
     #[arg(long, default_value_t = 2)]
     pub threads: usize,
     /// How sorted runs are stored: auto (the model measures LZ4 and Snappy
@@ -173,12 +174,20 @@ fn print_plan(p: &Plan) {
         mb(p.rates.merge(p.fan_in)),
     );
     println!(
-        "plan: runs of M = {} -> {} runs, fan-in l = {}, {} merge pass(es), merge blocks of {}{}",
+        "plan: runs of M = {} -> {} runs, fan-in l = {}, {} merge pass(es), merge blocks of {}{}{}",
         human_bytes(p.run_bytes),
         p.runs,
         p.fan_in,
         p.merge_passes,
         human_bytes(p.merge_block_bytes),
+        if p.merge_parts > 1 && p.merge_passes > 0 {
+            format!(
+                "; the last pass merges {} key ranges at once, one per thread",
+                p.merge_parts
+            )
+        } else {
+            String::new()
+        },
         if p.last_run_in_memory {
             "; the last run is merged from memory (never written)"
         } else {

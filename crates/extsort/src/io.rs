@@ -5,8 +5,10 @@
 
 use std::fs::{self, File, OpenOptions};
 use std::io::Write;
+use std::ops::Range;
 use std::path::{Path, PathBuf};
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
+use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Instant;
 
@@ -372,27 +374,30 @@ impl BlockReader {
         })
     }
 
-    /// A thread handing out the records of `chunk` in `order`, gathered
-    /// into blocks of at most `block` bytes (whole records), one block
-    /// ahead of the consumer: a sorted run kept in memory, read like one
-    /// on disk. Holds two blocks besides the chunk and the order.
+    /// A thread handing out the records of `chunk` named by
+    /// `order[range]`, gathered into blocks of at most `block` bytes
+    /// (whole records), one block ahead of the consumer: a sorted run kept
+    /// in memory (or a key range of it), read like one on disk. Holds two
+    /// blocks besides the chunk and the order, which it shares.
     pub fn spawn_gather(
-        chunk: Block,
-        order: Vec<u32>,
+        chunk: Arc<Block>,
+        order: Arc<Vec<u32>>,
+        range: Range<usize>,
         record: usize,
         block: usize,
     ) -> Result<Self> {
         // Whole records and indices in range are the gather kernel's
         // checks; a failed one ends the thread in a panic, which
         // `next_block` reports.
+        assert!(range.end <= order.len(), "a range of the order");
         let per_block = (block / record).max(1);
-        let mut at = 0;
+        let mut at = range.start;
         Self::start(aligned_bytes(per_block * record), move |buffers| {
-            if at >= order.len() {
+            if at >= range.end {
                 return None;
             }
             let mut buf = buffers.take()?;
-            let picked = &order[at..(at + per_block).min(order.len())];
+            let picked = &order[at..(at + per_block).min(range.end)];
             let n = picked.len() * record;
             gather_rows_into(&chunk, record, picked, buf.resize_for_overwrite(n));
             at += picked.len();
@@ -942,6 +947,9 @@ pub struct AlignedBuf {
 
 // SAFETY: the buffer is owned memory, moved between threads as a whole.
 unsafe impl Send for AlignedBuf {}
+// SAFETY: shared, it hands out only `&[u8]` views; nothing mutates
+// through `&AlignedBuf`.
+unsafe impl Sync for AlignedBuf {}
 
 impl AlignedBuf {
     fn layout(cap: usize) -> std::alloc::Layout {
@@ -1621,9 +1629,12 @@ mod tests {
                 .iter()
                 .flat_map(|&i| whole[i as usize * record..][..record].iter().copied())
                 .collect();
-            for block in [1, 10, 35, 4096] {
-                let mut r =
-                    BlockReader::spawn_gather(chunk(), order.clone(), record, block).unwrap();
+            let (chunk, order) = (Arc::new(chunk()), Arc::new(order));
+            // The whole order, and ranges of it (a merge part's).
+            let ranges = [0..records, 0..records / 3, records / 3..records];
+            for (block, range) in [1, 10, 35, 4096].into_iter().zip(ranges.iter().cycle()) {
+                let (c, o) = (chunk.clone(), order.clone());
+                let mut r = BlockReader::spawn_gather(c, o, range.clone(), record, block).unwrap();
                 let mut got = vec![];
                 while let Some(b) = r.next_block().unwrap() {
                     assert!(b.len() % record == 0 && !b.is_empty());
@@ -1631,6 +1642,7 @@ mod tests {
                     got.extend_from_slice(&b);
                     r.recycle(b);
                 }
+                let want = &want[range.start * record..range.end * record];
                 assert!(got == want, "{records} records, blocks of {block}");
             }
         }
@@ -1641,7 +1653,8 @@ mod tests {
             start: 0,
             end: 20,
         };
-        let mut r = BlockReader::spawn_gather(chunk, vec![0, 5], record, 4096).unwrap();
+        let (chunk, order) = (Arc::new(chunk), Arc::new(vec![0, 5]));
+        let mut r = BlockReader::spawn_gather(chunk, order, 0..2, record, 4096).unwrap();
         let err = r.next_block().err().expect("an error, not the end");
         assert!(err.to_string().contains("panicked"), "{err}");
     }

@@ -41,6 +41,11 @@
 //! whole chunks, got more of the storage than C: 5.31 s predicted, 3.84 s
 //! measured.
 //!
+//! The last pass of plain runs merges on all T threads when each can hold
+//! its own buffers in blocks of at least [`MERGE_BLOCK_BYTES_MIN`]
+//! ([`Plan::merge_parts`]): splitter keys cut every run into T key ranges
+//! and each thread merges one, so its merge term is N / (T·β_merge(l)).
+//!
 //! Compressed runs ([`crate::codec`]: ratio ρ, per-thread compress and
 //! decompress rates κ and δ, T threads) change the parts. The sort phase
 //! writes at ρ·β_write but compresses besides sorting: each thread
@@ -192,7 +197,10 @@ pub struct Plan {
     /// Merge fan-in l.
     pub fan_in: u64,
     pub merge_passes: u32,
-    /// Block read from each run (and written) during the merge.
+    /// Threads the last merge pass runs on, each merging one key range
+    /// of every run into its own stretch of OUT (1: one loser tree).
+    pub merge_parts: u32,
+    /// Block read from each run (and written) during the merge, per part.
     pub merge_block_bytes: u64,
     /// Block the sort phase writes runs in.
     pub sort_block_bytes: u64,
@@ -348,23 +356,38 @@ pub fn kept_run_bytes(run_bytes: u64, record_size: u64) -> u64 {
     read_buffer_bytes(run_bytes as usize) as u64 + run_bytes / record_size * 4
 }
 
-/// Whether a single merge pass of `fan_in` runs can take the last one
-/// from memory: the kept chunk and the merge's buffers fit in `mem`
-/// together, with merge blocks no smaller than [`MERGE_BLOCK_BYTES_MIN`]
-/// (or than the blocks the merge would get without it, if smaller).
+/// Whether a single merge pass of `fan_in` runs in `parts` parts can take
+/// the last one from memory: the kept chunk and the merge's buffers (each
+/// part's) fit in `mem` together, with merge blocks no smaller than
+/// [`MERGE_BLOCK_BYTES_MIN`] (or than the blocks the merge would get
+/// without it, if smaller).
 fn keeps_last_run(
     mem: u64,
     run_bytes: u64,
     record_size: u64,
     fan_in: u64,
-    format: RunFormat,
+    (format, parts): (RunFormat, u64),
 ) -> bool {
     let Some(left) = mem.checked_sub(kept_run_bytes(run_bytes, record_size)) else {
         return false;
     };
-    let block = merge_block_bytes(mem, fan_in, record_size, format).min(MERGE_BLOCK_BYTES_MIN);
+    let block =
+        merge_block_bytes(mem / parts, fan_in, record_size, format).min(MERGE_BLOCK_BYTES_MIN);
     let block = writer_block_bytes(block, record_size);
-    merge_footprint_bytes(fan_in, block, format) <= left
+    parts * merge_footprint_bytes(fan_in, block, format) <= left
+}
+
+/// Threads a single merge pass of `fan_in` plain runs splits into (by key
+/// range, [`Plan::merge_parts`]): all of them if each part's buffers fit
+/// in `mem` in blocks of [`MERGE_BLOCK_BYTES_MIN`], else 1. Compressed
+/// runs can only be cut at frames, and merge on one thread.
+fn merge_parts(mem: u64, record_size: u64, fan_in: u64, format: RunFormat, threads: u32) -> u64 {
+    let parts = u64::from(threads.max(1));
+    let block = writer_block_bytes(MERGE_BLOCK_BYTES_MIN, record_size);
+    match !format.compressed() && parts * merge_footprint_bytes(fan_in, block, format) <= mem {
+        true => parts,
+        false => 1,
+    }
 }
 
 /// Most runs one merge can take in blocks of [`MERGE_BLOCK_BYTES_MIN`].
@@ -564,8 +587,14 @@ fn plan_format(
         let fan_in = (2..=fan_max)
             .find(|&l| passes(runs, l) <= merge_passes)
             .unwrap_or(fan_max);
-        // Only a single pass merges straight from the sort phase's runs.
-        let keep = merge_passes == 1 && keeps_last_run(mem, run_bytes, record_size, fan_in, format);
+        // Only a single pass merges straight from the sort phase's runs,
+        // and only it is split into parts.
+        let parts = match merge_passes {
+            1 => merge_parts(mem, record_size, fan_in, format, rates.threads),
+            _ => 1,
+        };
+        let keep = merge_passes == 1
+            && keeps_last_run(mem, run_bytes, record_size, fan_in, (format, parts));
         // The sort reads the short chunk first: the last one is whole.
         let kept_bytes = if keep { run_bytes } else { 0 };
         let (t1, t2) = phase_secs(
@@ -573,7 +602,7 @@ fn plan_format(
             record_size,
             run_bytes,
             (runs, kept_bytes),
-            fan_in,
+            (fan_in, parts),
             merge_passes,
             &rates,
             format,
@@ -583,6 +612,7 @@ fn plan_format(
             runs,
             merge_passes,
             fan_in,
+            parts,
             keep,
             sort_secs: t1,
             merge_secs: t2,
@@ -616,7 +646,13 @@ fn plan_format(
         runs: best.runs,
         fan_in: best.fan_in,
         merge_passes: best.merge_passes,
-        merge_block_bytes: merge_block_bytes(merge_mem, best.fan_in, record_size, format),
+        merge_parts: best.parts as u32,
+        merge_block_bytes: merge_block_bytes(
+            merge_mem / best.parts,
+            best.fan_in,
+            record_size,
+            format,
+        ),
         sort_block_bytes: sort_block_bytes(mem, record_size),
         run_codec: format.codec,
         frame_bytes: format.frame,
@@ -634,6 +670,8 @@ struct Candidate {
     runs: u64,
     merge_passes: u32,
     fan_in: u64,
+    /// Threads the last pass merges on ([`Plan::merge_parts`]).
+    parts: u64,
     /// The last run is merged from memory.
     keep: bool,
     sort_secs: f64,
@@ -644,14 +682,15 @@ struct Candidate {
 /// and 6, with the codec's terms from the module doc). `runs` is the run
 /// count and the bytes of the last run kept in memory (0 if it is
 /// written): the sort phase neither compresses nor writes those bytes,
-/// and the merge neither reads nor decompresses them.
+/// and the merge neither reads nor decompresses them. The last pass runs
+/// `parts` loser trees at once.
 #[allow(clippy::too_many_arguments)]
 fn phase_secs(
     input_bytes: u64,
     record_size: u64,
     run_bytes: u64,
     (runs, kept_bytes): (u64, u64),
-    fan_in: u64,
+    (fan_in, parts): (u64, u64),
     merge_passes: u32,
     rates: &Rates,
     format: RunFormat,
@@ -659,7 +698,7 @@ fn phase_secs(
     let n = input_bytes as f64;
     let stored = (input_bytes - kept_bytes) as f64;
     let threads = f64::from(rates.threads.max(1));
-    let slowest = |parts: &[f64]| parts.iter().copied().fold(0.0, f64::max);
+    let slowest = |times: &[f64]| times.iter().copied().fold(0.0, f64::max);
     // One run goes straight to OUT, uncompressed.
     let c = if runs > 1 {
         rates.codec(format.codec)
@@ -672,7 +711,9 @@ fn phase_secs(
     let merge = rates.merge(fan_in);
     // A pass reading `from_disk` of the n bytes from runs (the rest from
     // memory) and writing a run or OUT.
+    // Only the last pass is split into parts, each a loser tree of its own.
     let pass_secs = |writes_run: bool, from_disk: f64| {
+        let trees = if writes_run { 1.0 } else { parts as f64 };
         let (out_compress, out_ratio) = if writes_run {
             (compress, c.ratio)
         } else {
@@ -680,7 +721,7 @@ fn phase_secs(
         };
         let all_threads = (n / merge + from_disk * decompress + n * out_compress) / threads;
         let io = rates.io_secs(from_disk / c.ratio, n / out_ratio);
-        slowest(&[io, n / merge, all_threads])
+        slowest(&[io, n / merge / trees, all_threads])
     };
     let t2 = if merge_passes == 0 {
         0.0
@@ -712,23 +753,28 @@ mod tests {
     /// Predicted total of sorting `n` bytes into runs of `m` with fan-in
     /// `l` and `passes` merge passes in 2 GiB, straight from eqs. 3, 4
     /// and 6: a single pass merges the last run from memory if it fits,
-    /// so its bytes are neither written nor read back.
+    /// so its bytes are neither written nor read back, and merges on both
+    /// threads if their buffers fit.
     fn total(n: u64, m: u64, l: u64, passes: u32) -> f64 {
         let mem = (2u64 << 30) - BOOKKEEPING_BYTES;
-        let keep = passes == 1 && keeps_last_run(mem, m, 100, l, PLAIN);
+        let parts = match passes {
+            1 => merge_parts(mem, 100, l, PLAIN, RATES.threads),
+            _ => 1,
+        };
+        let keep = passes == 1 && keeps_last_run(mem, m, 100, l, (PLAIN, parts));
         let kept = if keep { m } else { 0 };
         let (n, stored) = (n as f64, (n - kept) as f64);
         let sort = (n / RATES.read)
             .max(n / RATES.sort(m, 100))
             .max(stored / RATES.write);
-        let pass = |from_disk: f64| {
+        let pass = |from_disk: f64, trees: u64| {
             (from_disk / RATES.read)
-                .max(n / RATES.merge(l))
+                .max(n / RATES.merge(l) / trees as f64)
                 .max(n / RATES.write)
         };
         match passes {
             0 => sort,
-            p => sort + f64::from(p - 1) * pass(n) + pass(stored),
+            p => sort + f64::from(p - 1) * pass(n, 1) + pass(stored, parts),
         }
     }
 
@@ -837,7 +883,8 @@ mod tests {
                     false => 0,
                 };
                 assert!(!p.last_run_in_memory || p.merge_passes == 1, "{p:?}");
-                let merge = merge_footprint_bytes(p.fan_in, p.merge_block_bytes, format) + kept;
+                let merge = merge_footprint_bytes(p.fan_in, p.merge_block_bytes, format);
+                let merge = u64::from(p.merge_parts) * merge + kept;
                 let records = p.run_bytes / record;
                 let run_side = 2 * p.run_bytes + records * SORT_BYTES_PER_RECORD;
                 let sort = run_side + sort_overhead_bytes(p.sort_block_bytes, format);
@@ -926,6 +973,7 @@ mod tests {
         assert!(p.last_run_in_memory, "{p:?}");
         let kept = kept_run_bytes(p.run_bytes, 100);
         let merge = merge_footprint_bytes(p.fan_in, p.merge_block_bytes, PLAIN);
+        let merge = u64::from(p.merge_parts) * merge;
         assert!(kept + merge + BOOKKEEPING_BYTES <= gib, "{p:?}");
         assert!(p.merge_block_bytes >= MERGE_BLOCK_BYTES_MIN, "{p:?}");
         // Where reading runs back is the merge's limit, not writing the
@@ -941,7 +989,16 @@ mod tests {
         let p = plan(4 * gib, 100, gib, fast, NONE).unwrap();
         assert!(p.last_run_in_memory, "{p:?}");
         let kept = (p.runs, 0);
-        let (t1, t2) = phase_secs(4 * gib, 100, p.run_bytes, kept, p.fan_in, 1, &fast, PLAIN);
+        let (t1, t2) = phase_secs(
+            4 * gib,
+            100,
+            p.run_bytes,
+            kept,
+            (p.fan_in, p.merge_parts.into()),
+            1,
+            &fast,
+            PLAIN,
+        );
         assert!(p.predicted_merge_secs < t2, "{p:?} vs {t2}");
         assert!(p.predicted_total_secs() < t1 + t2, "{p:?}");
         // Several passes keep nothing: the run would wait in memory
@@ -950,9 +1007,9 @@ mod tests {
         assert!(p.merge_passes >= 2 && !p.last_run_in_memory, "{p:?}");
         // Room is what decides: a wide merge does not fit beside a
         // large kept run, a narrow one does.
-        assert!(keeps_last_run(64 * mib, 40 * mib, 100, 4, PLAIN));
-        assert!(!keeps_last_run(64 * mib, 40 * mib, 100, 60, PLAIN));
-        assert!(!keeps_last_run(64 * mib, 70 * mib, 100, 2, PLAIN));
+        assert!(keeps_last_run(64 * mib, 40 * mib, 100, 4, (PLAIN, 1)));
+        assert!(!keeps_last_run(64 * mib, 40 * mib, 100, 60, (PLAIN, 1)));
+        assert!(!keeps_last_run(64 * mib, 70 * mib, 100, 2, (PLAIN, 1)));
     }
 
     #[test]

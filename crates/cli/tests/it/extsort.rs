@@ -270,6 +270,65 @@ fn sorts_skewed_ascii_and_all_equal_keys() {
     }
 }
 
+/// With room for two loser trees the last pass merges two key ranges at
+/// once, each into its own stretch of OUT. The bytes match a sort on one
+/// thread (both are stable) for random, skewed and all-equal keys (all in
+/// one range), whether the last run is kept in memory or not.
+#[test]
+fn merges_key_ranges_on_both_threads_in_one_pass() {
+    let dir = tempfile::tempdir().unwrap();
+    let random = dir.path().join("random");
+    gensort(200_000, &random, &["--seed", "3"]);
+    let skewed = dir.path().join("skewed");
+    gensort(200_000, &skewed, &["--skew", "--ascii"]);
+    let mut bytes = std::fs::read(&skewed).unwrap();
+    for r in bytes.chunks_exact_mut(100) {
+        r[..10].copy_from_slice(b"samesame!!");
+    }
+    let equal = dir.path().join("equal");
+    std::fs::write(&equal, &bytes).unwrap();
+    // 40 runs of 500 KB in 64 MiB, the last kept in memory; 10 runs of
+    // 2 MB in 11 MiB, where the last does not fit beside two trees.
+    for (input, mem, run) in [
+        (&random, "64MiB", "500KB"),
+        (&random, "11MiB", "2MB"),
+        (&skewed, "64MiB", "500KB"),
+        (&equal, "64MiB", "500KB"),
+    ] {
+        let (_, n, checksum, _) = valsort(input);
+        let sort = |threads: &str| {
+            let out = dir.path().join(format!("out-{threads}"));
+            let args = [
+                "--run-size",
+                run,
+                "--run-codec",
+                "none",
+                "--threads",
+                threads,
+            ];
+            let (ok, o, err) = extsort(input, &out, mem, &args);
+            assert!(ok, "{o}{err}");
+            assert_eq!(merge_passes(&o), 1, "{o}");
+            assert_phase_times_add_up(&o);
+            (o, std::fs::read(&out).unwrap(), out)
+        };
+        let (o2, two, out) = sort("2");
+        assert!(o2.contains("merges 2 key ranges at once"), "{mem}: {o2}");
+        assert_eq!(o2.contains("merged from memory"), mem == "64MiB", "{o2}");
+        let (sorted, m, sum, _) = valsort(&out);
+        assert!(sorted && (m, sum) == (n, checksum), "{input:?} {mem}");
+        let (o1, one, _) = sort("1");
+        assert!(!o1.contains("key ranges"), "{o1}");
+        assert!(
+            two == one,
+            "{input:?} {mem}: two ranges differ from one tree"
+        );
+        if input == &equal {
+            assert!(two == bytes, "all keys equal: input order kept");
+        }
+    }
+}
+
 #[test]
 fn holds_memory_within_the_budget_plus_a_fixed_overhead() {
     let dir = tempfile::tempdir().unwrap();
