@@ -722,7 +722,7 @@ impl Drop for BlockWriter {
 }
 
 /// Alignment of direct I/O: buffers, file offsets and request lengths.
-const DIRECT_ALIGN: usize = 4096;
+pub(crate) const DIRECT_ALIGN: usize = 4096;
 
 /// Bytes of an aligned buffer of at least `len` bytes.
 pub fn aligned_bytes(len: usize) -> usize {

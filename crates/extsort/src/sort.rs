@@ -41,7 +41,7 @@ use crate::codec::{
 };
 use crate::io::{
     aligned_block_records, io_err, AlignedBuf, AtomicFile, Block, BlockReader, BlockWriter,
-    Recycler, RunDir, Written,
+    Recycler, RunDir, Written, DIRECT_ALIGN,
 };
 use crate::loser::{LoserTree, MergeCursor};
 use crate::model::{plan_with_run_bytes, Plan, Rates, FRAME_BYTES_MAX};
@@ -1188,22 +1188,22 @@ fn merge_in_parts(
 
 /// Bytes the parts after the first write through their [`Head`]s.
 fn bytes_in_heads(starts: &[u64]) -> u64 {
-    let page = DIRECT_PAGE as u64;
     let heads = starts[1..starts.len() - 1].iter().zip(&starts[2..]);
-    heads
-        .map(|(&at, &end)| ((page - at % page) % page).min(end - at))
-        .sum()
+    heads.map(|(&at, &end)| head_bytes(at, end)).sum()
 }
 
-/// Page size direct writes align to.
-const DIRECT_PAGE: usize = 4096;
+/// Bytes of a part covering `at..end` of OUT up to the first page
+/// boundary from `at` (its [`Head`]).
+fn head_bytes(at: u64, end: u64) -> u64 {
+    let page = DIRECT_ALIGN as u64;
+    ((page - at % page) % page).min(end - at)
+}
 
 /// OUT opened twice for a part that covers `at..end` of it: for its writer
 /// at the first page boundary from `at`, and for its [`Head`] before that.
 fn part_files(path: &Path, at: u64, end: u64) -> Result<(File, Option<Head>)> {
     use std::io::{Seek, SeekFrom};
-    let page = DIRECT_PAGE as u64;
-    let len = ((page - at % page) % page).min(end - at);
+    let len = head_bytes(at, end);
     let open = || File::options().write(true).open(path).map_err(io_err(path));
     let mut file = open()?;
     file.seek(SeekFrom::Start(at + len)).map_err(io_err(path))?;
