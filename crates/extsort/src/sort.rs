@@ -32,7 +32,8 @@ use std::sync::mpsc::{sync_channel, Receiver};
 use std::sync::Arc;
 use std::time::Instant;
 
-use insitu_kernels::radix::sort_pairs;
+use insitu_kernels::mem::{huge_vec_with_capacity, take_vec_filled};
+use insitu_kernels::radix::sort_pairs_with_ties;
 use insitu_kernels::{gather_rows_into, prefetch};
 
 use crate::codec::{
@@ -387,20 +388,34 @@ fn key_less<'r>(
     a[..key] < b[..key]
 }
 
-/// The record order of `chunk` by key: radix on the first 16 key bytes
-/// (all of a TeraSort key), then comparison among equal prefixes if the
-/// key is longer. Stable.
+/// The record order of `chunk` by key, stable: a radix sort on the key's
+/// first 8 bytes, then, within each range of records those bytes tie, on
+/// the next 8, and so on to the key's end.
+///
+/// Sorting 8-byte slices rather than 16-byte prefixes moves 12 bytes per
+/// record per radix pass instead of 20: for 8M random 10-byte keys (an
+/// 800 MB chunk, 2 threads, the heap on huge pages as `insitu extsort`
+/// has it) keys were read and sorted in a median 0.295 s against 0.437 s
+/// as 16-byte prefixes (16 alternating pairs, all faster).
+/// Random keys rarely tie on 8 bytes; equal keys tie on every slice and
+/// cost one more radix sort per slice.
 pub fn sort_chunk(chunk: &[u8], r: usize, k: usize, threads: usize) -> Vec<u32> {
     assert!(chunk.len().is_multiple_of(r), "whole records");
+    assert!(k > 0 && k <= r, "a key within the record");
     let n = chunk.len() / r;
-    let mut keys = vec![0u128; n];
+    // Fresh zeroed pages (not a memset: 2.8% of a profiled sort).
+    let mut keys = take_vec_filled::<u64>(n);
     extract_keys(chunk, r, k, &mut keys, threads);
-    let mut idx: Vec<u32> = (0..n as u32).collect();
-    if k <= PREFIX_BYTES {
-        sort_pairs(keys, &mut idx, threads.max(1));
-    } else {
-        let key = |i: u32| &chunk[i as usize * r..i as usize * r + k];
-        idx.sort_by(|&a, &b| key(a).cmp(key(b)));
+    let mut idx = huge_vec_with_capacity(n);
+    idx.extend(0..n as u32);
+    let ties = sort_pairs_with_ties(keys, &mut idx, threads);
+    for tie in ties.into_iter().filter(|_| k > SLICE_BYTES) {
+        let threads = if tie.len() >= PARALLEL_RECORDS_MIN {
+            threads
+        } else {
+            1
+        };
+        sort_ties(chunk, (r, k), SLICE_BYTES, &mut idx[tie], threads);
     }
     debug_assert!(idx
         .windows(2)
@@ -408,14 +423,45 @@ pub fn sort_chunk(chunk: &[u8], r: usize, k: usize, threads: usize) -> Vec<u32> 
     idx
 }
 
-/// `keys[i]` = the first 16 bytes of record `i`'s key as a big-endian
-/// integer in the low bytes (the radix sort skips the zero high bytes), on
+/// Key bytes one radix sort of [`sort_chunk`] orders.
+const SLICE_BYTES: usize = 8;
+
+/// Below this many records, a range whose keys tie so far is finished by
+/// comparing the rest of the keys instead of another radix sort.
+const TIES_RADIX_MIN: usize = 64;
+
+/// Sorts `idx`, records whose keys tie on their first `from` bytes (in
+/// stable order so far), by key bytes `from..k`, stably.
+fn sort_ties(chunk: &[u8], (r, k): (usize, usize), from: usize, idx: &mut [u32], threads: usize) {
+    let rest = |i: u32| &chunk[i as usize * r..][from..k];
+    if idx.len() < TIES_RADIX_MIN {
+        return idx.sort_by(|&a, &b| rest(a).cmp(rest(b)));
+    }
+    let keys = idx.iter().map(|&i| key_slice(rest(i))).collect();
+    let ties = sort_pairs_with_ties(keys, idx, threads);
+    for tie in ties.into_iter().filter(|_| k > from + SLICE_BYTES) {
+        sort_ties(chunk, (r, k), from + SLICE_BYTES, &mut idx[tie], threads);
+    }
+}
+
+/// The first 8 of `bytes` (zero-padded) as a big-endian integer.
+fn key_slice(bytes: &[u8]) -> u64 {
+    match bytes.get(..SLICE_BYTES) {
+        Some(whole) => u64::from_be_bytes(whole.try_into().expect("8 bytes")),
+        None => {
+            let mut padded = [0u8; SLICE_BYTES];
+            padded[..bytes.len()].copy_from_slice(bytes);
+            u64::from_be_bytes(padded)
+        }
+    }
+}
+
+/// `keys[i]` = the first 8 bytes of record `i`'s key ([`key_slice`]), on
 /// `threads` threads.
-fn extract_keys(chunk: &[u8], r: usize, k: usize, keys: &mut [u128], threads: usize) {
-    let unused_bits = 8 * (PREFIX_BYTES - k.min(PREFIX_BYTES));
-    let fill = |records: &[u8], keys: &mut [u128]| {
+fn extract_keys(chunk: &[u8], r: usize, k: usize, keys: &mut [u64], threads: usize) {
+    let fill = |records: &[u8], keys: &mut [u64]| {
         for (rec, key) in records.chunks_exact(r).zip(keys.iter_mut()) {
-            *key = key_prefix(rec, 0, k) >> unused_bits;
+            *key = key_slice(&rec[..k]);
         }
     };
     on_threads((chunk, r), (keys, 1), threads, fill);
@@ -1372,11 +1418,19 @@ mod tests {
 
     /// On every thread count the order is the stable order by whole key,
     /// at sizes where the keys are read on one thread and on several, for
-    /// keys shorter than, as long as, and longer than the 16-byte prefix.
+    /// keys shorter than, as long as, and longer than one 8-byte slice and
+    /// two; keys of bytes 0-2 tie on their first slices in ranges of every
+    /// size (and keys over 16 bytes tie on all of their first 16), so
+    /// ranges are finished both by comparison and by radix, serial and
+    /// parallel (the last size).
     #[test]
     fn sort_chunk_orders_records_stably_on_any_thread_count() {
-        for (r, k) in [(100, 10), (40, 16), (40, 24)] {
-            for n in [0, 1, 2, 7, 49, 50, 51, 1000, PARALLEL_RECORDS_MIN + 7] {
+        let sizes = [0, 1, 2, 7, 49, 50, 51, 1000, PARALLEL_RECORDS_MIN + 7];
+        for (r, k) in [(100, 10), (30, 3), (30, 8), (30, 9), (40, 16), (40, 24)] {
+            for n in sizes
+                .into_iter()
+                .chain((k == 10 || k == 24).then_some(140_001))
+            {
                 let data = records(n, r, k, (n + k) as u64);
                 let mut want: Vec<u32> = (0..n as u32).collect();
                 want.sort_by_key(|&i| &data[i as usize * r..][..k]);

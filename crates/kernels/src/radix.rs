@@ -20,6 +20,7 @@
 //! small range costs fewer passes and less memory traffic. Skewed buckets
 //! (one digit holding many keys) fall back to byte-wide passes in place.
 
+use std::ops::Range;
 use std::sync::Mutex;
 
 use crate::mem::{recycle, take_vec, take_vec_filled, Pod};
@@ -143,7 +144,52 @@ pub fn sort_pairs_in_range<K: RadixKey, I: SortIndex>(
         idx,
         numbered: false,
     };
-    sort_in_range(keys, rows, threads, (min, max), None)
+    sort_in_range(keys, rows, threads, (min, max), None, false);
+}
+
+/// [`sort_pairs`], also returning where equal keys lie in the sorted
+/// order: the ranges of positions (each at least 2 long, ascending) whose
+/// keys are all equal. A caller that sorts on a key prefix finishes just
+/// those ranges on the rest of the key.
+///
+/// ```
+/// use insitu_kernels::radix::sort_pairs_with_ties;
+/// let mut idx: Vec<u32> = (0..5).collect();
+/// let ties = sort_pairs_with_ties(vec![7u64, 3, 7, 1, 3], &mut idx, 1);
+/// assert_eq!(idx, [3, 1, 4, 0, 2]);
+/// assert_eq!(ties, [1..3, 3..5]);
+/// ```
+pub fn sort_pairs_with_ties<K: RadixKey, I: SortIndex>(
+    keys: Vec<K>,
+    idx: &mut [I],
+    threads: usize,
+) -> Vec<Range<usize>> {
+    let (min, max) = match keys.len() {
+        0 | 1 => (K::default(), K::default()),
+        _ => min_max(&keys, threads),
+    };
+    let rows = Rows {
+        idx,
+        numbered: false,
+    };
+    sort_in_range(keys, rows, threads, (min, max), None, true)
+}
+
+/// The ranges of positions of sorted `keys` that hold equal keys, each at
+/// least 2 long.
+fn tie_ranges<K: RadixKey>(keys: &[K]) -> Vec<Range<usize>> {
+    debug_assert!(keys.windows(2).all(|w| w[0] <= w[1]), "keys sorted");
+    let mut ties = vec![];
+    let mut start = 0;
+    for i in 1..=keys.len() {
+        if i == keys.len() || keys[i] != keys[start] {
+            if i - start > 1 {
+                ties.push(start..i);
+            }
+            start = i;
+        }
+    }
+    ties
 }
 
 /// The row indices a sort permutes: `idx` as given, or, when `numbered`,
@@ -172,17 +218,20 @@ impl<I: SortIndex> Rows<'_, I> {
 /// Sorts `keys` (within `min..=max`) with their rows; `top`, counts of the
 /// keys' top byte, is used when the keys are sorted unchanged (not rebased
 /// or narrowed) and it was taken in the chunks the sort's threads take.
+/// With `want_ties`, returns the ranges of equal keys ([`tie_ranges`]),
+/// else nothing.
 fn sort_in_range<K: RadixKey, I: SortIndex>(
     keys: Vec<K>,
     rows: Rows<I>,
     threads: usize,
     (min, max): (K, K),
     top: Option<ChunkCounts>,
-) {
+    want_ties: bool,
+) -> Vec<Range<usize>> {
     assert_eq!(keys.len(), rows.idx.len(), "one index per key");
     if keys.len() < 2 {
         rows.materialized();
-        return;
+        return vec![];
     }
     debug_assert!(
         keys.iter().all(|k| (min..=max).contains(k)),
@@ -192,34 +241,50 @@ fn sort_in_range<K: RadixKey, I: SortIndex>(
     match range.significant_bytes() {
         0 => {
             // All keys equal: input order is the stable order.
-            rows.materialized();
+            let n = rows.materialized().idx.len();
+            match want_ties {
+                true => vec![Range { start: 0, end: n }],
+                false => vec![],
+            }
         }
-        n if n == K::BYTES => sort_narrowed(keys, rows, n, threads, top), // rebasing gains nothing
+        n if n == K::BYTES => sort_narrowed(keys, rows, n, (threads, top), want_ties), // rebasing gains nothing
         n if n * 2 > K::BYTES || K::BYTES == 4 => {
             // Narrowing would not halve the width: rebase in place.
             let mut keys = keys;
             if min != K::default() {
                 keys.iter_mut().for_each(|k| *k = k.wrapping_sub(min));
             }
-            sort_narrowed(keys, rows, n, threads, None);
+            sort_narrowed(keys, rows, n, (threads, None), want_ties)
         }
         1..=4 => {
             let mut narrow: Vec<u32> = take_vec(keys.len());
             narrow.extend(keys.iter().map(|&k| k.wrapping_sub(min).to_u128() as u32));
             recycle(keys);
-            sort_narrowed(narrow, rows, range.significant_bytes(), threads, None);
+            sort_narrowed(
+                narrow,
+                rows,
+                range.significant_bytes(),
+                (threads, None),
+                want_ties,
+            )
         }
         5..=8 => {
             let mut narrow: Vec<u64> = take_vec(keys.len());
             narrow.extend(keys.iter().map(|&k| k.wrapping_sub(min).to_u128() as u64));
             recycle(keys);
-            sort_narrowed(narrow, rows, range.significant_bytes(), threads, None);
+            sort_narrowed(
+                narrow,
+                rows,
+                range.significant_bytes(),
+                (threads, None),
+                want_ties,
+            )
         }
         n => {
             let mut rebased: Vec<u128> = take_vec(keys.len());
             rebased.extend(keys.iter().map(|&k| k.wrapping_sub(min).to_u128()));
             recycle(keys);
-            sort_narrowed(rebased, rows, n, threads, None);
+            sort_narrowed(rebased, rows, n, (threads, None), want_ties)
         }
     }
 }
@@ -245,22 +310,22 @@ fn min_max<K: RadixKey>(keys: &[K], threads: usize) -> (K, K) {
         .unwrap()
 }
 
-/// Sorts keys that use only their low `bytes` bytes; `top` as in
-/// [`sort_in_range`].
+/// Sorts keys that use only their low `bytes` bytes; `top` and the
+/// ranges returned `want_ties` as in [`sort_in_range`]. The sorted keys
+/// end in `keys` whenever ties are wanted.
 fn sort_narrowed<K: RadixKey, I: SortIndex>(
     mut keys: Vec<K>,
     rows: Rows<I>,
     bytes: usize,
-    threads: usize,
-    top: Option<ChunkCounts>,
-) {
+    (threads, top): (usize, Option<ChunkCounts>),
+    want_ties: bool,
+) -> Vec<Range<usize>> {
     let first_level = K::BYTES - bytes;
     let n = keys.len();
-    if n < PARALLEL_ROWS_MIN {
+    if n < RADIX_ROWS_MIN {
+        comparison_sort(&mut keys, rows.materialized().idx);
+    } else if n < PARALLEL_ROWS_MIN {
         let idx = rows.materialized().idx;
-        if n < RADIX_ROWS_MIN {
-            return comparison_sort(&mut keys, idx);
-        }
         // Written before read: pooled memory needs no clearing.
         let mut scratch_keys: Vec<K> = take_vec_filled(n);
         let mut scratch_idx: Vec<I> = take_vec_filled(n);
@@ -289,13 +354,20 @@ fn sort_narrowed<K: RadixKey, I: SortIndex>(
             idx_is_row_number: rows.numbered,
             scratch_keys: &mut scratch_keys,
             scratch_idx: &mut scratch_idx,
+            keys_wanted: want_ties,
         };
-        // Leaves the keys unsorted: only the order is wanted.
+        // Leaves the keys unsorted unless ties are wanted: else only the
+        // order is.
         top_level(buffers, &top, threads);
         recycle(scratch_keys);
         recycle(scratch_idx);
     }
+    let ties = match want_ties {
+        true => tie_ranges(&keys),
+        false => vec![],
+    };
     recycle(keys);
+    ties
 }
 
 /// Stable sort of a short input by (key, input position).
@@ -676,7 +748,7 @@ pub(crate) fn sort_order<K: RadixKey, I: SortIndex>(
         idx: &mut idx,
         numbered: true,
     };
-    sort_in_range(keys, rows, threads, range, top);
+    sort_in_range(keys, rows, threads, range, top, false);
     idx
 }
 
@@ -688,6 +760,8 @@ struct TopLevel<'a, K, I> {
     idx_is_row_number: bool,
     scratch_keys: &'a mut [K],
     scratch_idx: &'a mut [I],
+    /// Whether the sorted keys must end in `keys` too.
+    keys_wanted: bool,
 }
 
 /// Scatters the keys by the byte `top` counts (chunk `t` by thread `t`),
@@ -703,6 +777,7 @@ fn top_level<K: RadixKey, I: SortIndex>(
         idx_is_row_number,
         scratch_keys,
         scratch_idx,
+        keys_wanted,
     } = buffers;
     let (n, chunk, level) = (keys.len(), top.chunk, top.level);
     assert!(idx.len() == n && scratch_keys.len() == n && scratch_idx.len() == n);
@@ -789,7 +864,7 @@ fn top_level<K: RadixKey, I: SortIndex>(
                 loop {
                     let next = queue.lock().unwrap().next();
                     match next {
-                        Some(bucket) => finish_bucket(bucket, level + 1, &mut local),
+                        Some(bucket) => finish_bucket(bucket, level + 1, &mut local, keys_wanted),
                         None => break,
                     }
                 }
@@ -828,13 +903,14 @@ impl<K: RadixKey, I: SortIndex> Local<K, I> {
 
 /// Sorts a top-level bucket by bytes `level..` and writes its row indices
 /// in order to `bucket.scratch_idx`, where [`msd`] with `result_in_data`
-/// false would leave them; its keys are not written out (after the top
-/// level only the order is wanted), and the rest of the bucket's memory is
-/// overwritten.
+/// false would leave them; its sorted keys go to `bucket.scratch_keys`
+/// only if `keys_wanted` (mostly only the order is), and the rest of the
+/// bucket's memory is overwritten.
 fn finish_bucket<K: RadixKey, I: SortIndex>(
     bucket: Buffers<K, I>,
     mut level: usize,
     local: &mut Local<K, I>,
+    keys_wanted: bool,
 ) {
     let n = bucket.len();
     if n <= DIVERT_ROWS_MAX || n > local.keys.len() {
@@ -843,6 +919,9 @@ fn finish_bucket<K: RadixKey, I: SortIndex>(
     let counts = loop {
         if level == K::BYTES {
             // All keys equal: input order is the stable order.
+            if keys_wanted {
+                bucket.scratch_keys.copy_from_slice(bucket.keys);
+            }
             return bucket.scratch_idx.copy_from_slice(bucket.idx);
         }
         let counts = byte_counts(bucket.keys, level);
@@ -855,29 +934,29 @@ fn finish_bucket<K: RadixKey, I: SortIndex>(
     scatter(bucket.keys, bucket.idx, level, &counts, keys, idx);
     let (mut keys, mut idx) = (keys, idx);
     let (mut spare_keys, mut spare_idx) = (bucket.keys, bucket.idx);
-    let mut out = bucket.scratch_idx;
+    let (mut out, mut out_keys) = (bucket.scratch_idx, bucket.scratch_keys);
     for &size in counts.iter().filter(|&&size| size > 0) {
         let (k, rest_k) = keys.split_at_mut(size);
         let (i, rest_i) = idx.split_at_mut(size);
         let (sk, rest_sk) = spare_keys.split_at_mut(size);
         let (si, rest_si) = spare_idx.split_at_mut(size);
         let (o, rest_o) = out.split_at_mut(size);
-        o.copy_from_slice(finish_small(
-            k,
-            i,
-            sk,
-            si,
-            level + 1,
-            (&mut local.tiny_keys, &mut local.tiny_idx),
-        ));
-        (keys, idx, spare_keys, spare_idx, out) = (rest_k, rest_i, rest_sk, rest_si, rest_o);
+        let (ok, rest_ok) = out_keys.split_at_mut(size);
+        let tiny = (&mut local.tiny_keys[..], &mut local.tiny_idx[..]);
+        let (sorted_keys, sorted_idx) = finish_small(k, i, sk, si, level + 1, tiny);
+        o.copy_from_slice(sorted_idx);
+        if keys_wanted {
+            ok.copy_from_slice(sorted_keys);
+        }
+        (keys, idx, spare_keys, spare_idx) = (rest_k, rest_i, rest_sk, rest_si);
+        (out, out_keys) = (rest_o, rest_ok);
     }
 }
 
-/// Sorts a second-level bucket by bytes `level..` and returns its row
-/// indices in order: from `tiny` when a diverting pass and an insertion
-/// sort finish it there, else from `idx`, sorted in place with `spare_*`
-/// as scratch.
+/// Sorts a second-level bucket by bytes `level..` and returns its keys and
+/// row indices in order: from `tiny` when a diverting pass and an
+/// insertion sort finish it there, else from `keys` and `idx`, sorted in
+/// place with `spare_*` as scratch.
 fn finish_small<'a, K: RadixKey, I: SortIndex>(
     keys: &'a mut [K],
     idx: &'a mut [I],
@@ -885,20 +964,20 @@ fn finish_small<'a, K: RadixKey, I: SortIndex>(
     spare_idx: &mut [I],
     level: usize,
     tiny: (&'a mut [K], &'a mut [I]),
-) -> &'a [I] {
+) -> (&'a [K], &'a [I]) {
     let n = keys.len();
     if n <= SMALL_BLOCK_ROWS || level == K::BYTES {
         if level < K::BYTES {
             insertion_sort(keys, idx);
         }
-        return idx;
+        return (keys, idx);
     }
     if n <= DIVERT_ROWS_MAX {
         let (tiny_keys, tiny_idx) = (&mut tiny.0[..n], &mut tiny.1[..n]);
         if divert(keys, idx, level, tiny_keys, tiny_idx) {
             insertion_sort(tiny_keys, tiny_idx);
             debug_assert!(tiny_keys.windows(2).all(|w| w[0] <= w[1]), "keys sorted");
-            return tiny_idx;
+            return (tiny_keys, tiny_idx);
         }
     }
     let buffers = Buffers {
@@ -908,7 +987,7 @@ fn finish_small<'a, K: RadixKey, I: SortIndex>(
         scratch_idx: spare_idx,
     };
     msd(buffers, level, true);
-    idx
+    (keys, idx)
 }
 
 /// How many of `keys` have each value of byte `level`.
@@ -1024,6 +1103,59 @@ mod tests {
                     let got: Vec<u32> = sort_order(keys.clone(), threads, None, top);
                     assert!(got == want, "{name}, threads {threads}");
                 }
+            }
+        }
+    }
+
+    /// The ranges of equal keys in `keys` once sorted, by a naive scan.
+    fn naive_ties<K: RadixKey>(keys: &[K]) -> Vec<Range<usize>> {
+        let mut sorted = keys.to_vec();
+        sorted.sort();
+        let mut ties = vec![];
+        let mut i = 0;
+        while i < sorted.len() {
+            let j = (i..sorted.len())
+                .find(|&j| sorted[j] != sorted[i])
+                .unwrap_or(sorted.len());
+            if j - i >= 2 {
+                ties.push(i..j);
+            }
+            i = j;
+        }
+        ties
+    }
+
+    fn check_with_ties<K: RadixKey>(keys: Vec<K>, threads: usize, what: &str) {
+        let mut idx: Vec<u32> = (0..keys.len() as u32).collect();
+        let (want_order, want_ties) = (stable_order(&keys), naive_ties(&keys));
+        let ties = sort_pairs_with_ties(keys, &mut idx, threads);
+        assert!(idx == want_order, "{what}: order, threads {threads}");
+        assert!(ties == want_ties, "{what}: ties, threads {threads}");
+    }
+
+    /// Every path (comparison sort, serial and parallel radix, each
+    /// top-level bucket's way of finishing, narrowed and rebased keys, all
+    /// equal) hands back the equal-key ranges of the sorted order.
+    #[test]
+    fn sort_pairs_with_ties_matches_a_naive_scan() {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(14);
+        for n in [0, 1, 2, 7, 49, 50, 51, 1000, 100_000, 300_001] {
+            let values = (n / 3).max(1) as u64;
+            let dups: Vec<u64> = (0..n).map(|_| rng.random_range(0..values) << 40).collect();
+            let few: Vec<u64> = (0..n).map(|_| rng.random_range(0..5u64)).collect();
+            let wide: Vec<u128> = (0..n)
+                .map(|_| (rng.random_range(0..values) as u128) << 80 | 7)
+                .collect();
+            let unique: Vec<u64> = (0..n).map(|_| rng.random::<u64>()).collect();
+            let diverted = four_buckets(n, &mut rng, |r| r.random_range(0..1u64 << 20));
+            let equal = vec![42u32; n];
+            for threads in [1, 2] {
+                check_with_ties(dups.clone(), threads, "duplicates");
+                check_with_ties(few.clone(), threads, "few values");
+                check_with_ties(wide.clone(), threads, "u128 with duplicates");
+                check_with_ties(unique.clone(), threads, "mostly unique");
+                check_with_ties(diverted.clone(), threads, "diverted buckets");
+                check_with_ties(equal.clone(), threads, "all equal");
             }
         }
     }
