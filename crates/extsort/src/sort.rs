@@ -408,14 +408,16 @@ pub fn sort_chunk(chunk: &[u8], r: usize, k: usize, threads: usize) -> Vec<u32> 
     extract_keys(chunk, r, k, &mut keys, threads);
     let mut idx = huge_vec_with_capacity(n);
     idx.extend(0..n as u32);
+    let threads = threads.max(1);
     let ties = sort_pairs_with_ties(keys, &mut idx, threads);
-    for tie in ties.into_iter().filter(|_| k > SLICE_BYTES) {
-        let threads = if tie.len() >= PARALLEL_RECORDS_MIN {
-            threads
-        } else {
-            1
-        };
-        sort_ties(chunk, (r, k), SLICE_BYTES, &mut idx[tie], threads);
+    if k > SLICE_BYTES {
+        for tie in ties {
+            let threads = match tie.len() >= PARALLEL_RECORDS_MIN {
+                true => threads,
+                false => 1,
+            };
+            sort_ties(chunk, (r, k), SLICE_BYTES, &mut idx[tie], threads);
+        }
     }
     debug_assert!(idx
         .windows(2)
@@ -439,8 +441,10 @@ fn sort_ties(chunk: &[u8], (r, k): (usize, usize), from: usize, idx: &mut [u32],
     }
     let keys = idx.iter().map(|&i| key_slice(rest(i))).collect();
     let ties = sort_pairs_with_ties(keys, idx, threads);
-    for tie in ties.into_iter().filter(|_| k > from + SLICE_BYTES) {
-        sort_ties(chunk, (r, k), from + SLICE_BYTES, &mut idx[tie], threads);
+    if k > from + SLICE_BYTES {
+        for tie in ties {
+            sort_ties(chunk, (r, k), from + SLICE_BYTES, &mut idx[tie], threads);
+        }
     }
 }
 
