@@ -256,29 +256,17 @@ fn sort_in_range<K: RadixKey, I: SortIndex>(
             }
             sort_narrowed(keys, rows, n, (threads, None), want_ties)
         }
-        1..=4 => {
+        n @ 1..=4 => {
             let mut narrow: Vec<u32> = take_vec(keys.len());
             narrow.extend(keys.iter().map(|&k| k.wrapping_sub(min).to_u128() as u32));
             recycle(keys);
-            sort_narrowed(
-                narrow,
-                rows,
-                range.significant_bytes(),
-                (threads, None),
-                want_ties,
-            )
+            sort_narrowed(narrow, rows, n, (threads, None), want_ties)
         }
-        5..=8 => {
+        n @ 5..=8 => {
             let mut narrow: Vec<u64> = take_vec(keys.len());
             narrow.extend(keys.iter().map(|&k| k.wrapping_sub(min).to_u128() as u64));
             recycle(keys);
-            sort_narrowed(
-                narrow,
-                rows,
-                range.significant_bytes(),
-                (threads, None),
-                want_ties,
-            )
+            sort_narrowed(narrow, rows, n, (threads, None), want_ties)
         }
         n => {
             let mut rebased: Vec<u128> = take_vec(keys.len());
