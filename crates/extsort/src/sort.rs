@@ -410,15 +410,7 @@ pub fn sort_chunk(chunk: &[u8], r: usize, k: usize, threads: usize) -> Vec<u32> 
     idx.extend(0..n as u32);
     let threads = threads.max(1);
     let ties = sort_pairs_with_ties(keys, &mut idx, threads);
-    if k > SLICE_BYTES {
-        for tie in ties {
-            let threads = match tie.len() >= PARALLEL_RECORDS_MIN {
-                true => threads,
-                false => 1,
-            };
-            sort_ties(chunk, (r, k), SLICE_BYTES, &mut idx[tie], threads);
-        }
-    }
+    finish_ties(chunk, (r, k), SLICE_BYTES, &mut idx, ties, threads);
     debug_assert!(idx
         .windows(2)
         .all(|w| chunk[w[0] as usize * r..][..k] <= chunk[w[1] as usize * r..][..k]));
@@ -441,9 +433,23 @@ fn sort_ties(chunk: &[u8], (r, k): (usize, usize), from: usize, idx: &mut [u32],
     }
     let keys = idx.iter().map(|&i| key_slice(rest(i))).collect();
     let ties = sort_pairs_with_ties(keys, idx, threads);
-    if k > from + SLICE_BYTES {
+    finish_ties(chunk, (r, k), from + SLICE_BYTES, idx, ties, threads);
+}
+
+/// Sorts each of the `ties`, ranges of `idx` whose keys tie on their first
+/// `from` bytes, by the bytes after (if the key has any). The radix kernel
+/// keeps short ranges on one thread itself.
+fn finish_ties(
+    chunk: &[u8],
+    (r, k): (usize, usize),
+    from: usize,
+    idx: &mut [u32],
+    ties: Vec<Range<usize>>,
+    threads: usize,
+) {
+    if k > from {
         for tie in ties {
-            sort_ties(chunk, (r, k), from + SLICE_BYTES, &mut idx[tie], threads);
+            sort_ties(chunk, (r, k), from, &mut idx[tie], threads);
         }
     }
 }

@@ -124,9 +124,6 @@ impl SortIndex for u64 {
 /// Sorts `keys` ascending, permuting `idx` alongside. Stable: equal keys
 /// keep their input order. Rebases and narrows the keys first.
 pub fn sort_pairs<K: RadixKey, I: SortIndex>(keys: Vec<K>, idx: &mut [I], threads: usize) {
-    if keys.len() < 2 {
-        return sort_pairs_in_range(keys, idx, threads, K::default(), K::default());
-    }
     let (min, max) = min_max(&keys, threads);
     sort_pairs_in_range(keys, idx, threads, min, max)
 }
@@ -164,10 +161,7 @@ pub fn sort_pairs_with_ties<K: RadixKey, I: SortIndex>(
     idx: &mut [I],
     threads: usize,
 ) -> Vec<Range<usize>> {
-    let (min, max) = match keys.len() {
-        0 | 1 => (K::default(), K::default()),
-        _ => min_max(&keys, threads),
-    };
+    let (min, max) = min_max(&keys, threads);
     let rows = Rows {
         idx,
         numbered: false,
@@ -277,7 +271,11 @@ fn sort_in_range<K: RadixKey, I: SortIndex>(
     }
 }
 
+/// The smallest and largest of `keys`; zeros if there are none.
 fn min_max<K: RadixKey>(keys: &[K], threads: usize) -> (K, K) {
+    if keys.is_empty() {
+        return (K::default(), K::default());
+    }
     let fold = |part: &[K]| {
         part.iter()
             .fold((part[0], part[0]), |(lo, hi), &k| (lo.min(k), hi.max(k)))
@@ -726,11 +724,7 @@ pub(crate) fn sort_order<K: RadixKey, I: SortIndex>(
 ) -> Vec<I> {
     let n = keys.len();
     assert!(n <= I::MAX_ROWS, "row indices fit the index type");
-    let range = match range {
-        Some(range) => range,
-        None if n > 0 => min_max(&keys, threads),
-        None => (K::default(), K::default()),
-    };
+    let range = range.unwrap_or_else(|| min_max(&keys, threads));
     let mut idx: Vec<I> = take_vec_filled(n);
     let rows = Rows {
         idx: &mut idx,
