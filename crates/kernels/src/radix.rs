@@ -13,6 +13,10 @@
 //!                          runs); only the row indices go out
 //! ```
 //!
+//! An order of wide keys (5 to 8 bytes of range, rows numbered) packs each
+//! key's next 32 bits and its row into one word at the top level, and the
+//! levels below move those words alone ([`packed`]).
+//!
 //! Keys are unsigned integers whose numeric order is the wanted order; the
 //! callers in [`crate::argsort`] produce them with order-preserving bit
 //! transforms. Before sorting, keys are rebased on their minimum and
@@ -24,6 +28,8 @@ use std::ops::Range;
 use std::sync::Mutex;
 
 use crate::mem::{recycle, take_vec, take_vec_filled, Pod};
+
+mod packed;
 
 /// Buckets at most this long are finished by insertion sort.
 const SMALL_BLOCK_ROWS: usize = 48;
@@ -120,6 +126,18 @@ impl SortIndex for u64 {
         self as usize
     }
 }
+
+/// What rides along with each key through the sort's passes, copied and
+/// never looked at: a row index, or [`NoRow`] when the key carries its row.
+pub(crate) trait Carried: Pod + Default + std::fmt::Debug {}
+impl<T: Pod + Default + std::fmt::Debug> Carried for T {}
+
+/// Nothing: what a key that carries its own row index takes along (the
+/// passes then move keys alone; copies of it compile to nothing).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct NoRow;
+// SAFETY: a zero-sized type has one value and no bits to be invalid.
+unsafe impl Pod for NoRow {}
 
 /// Sorts `keys` ascending, permuting `idx` alongside. Stable: equal keys
 /// keep their input order. Rebases and narrows the keys first.
@@ -332,6 +350,11 @@ fn sort_narrowed<K: RadixKey, I: SortIndex>(
             Some(top) if top.chunk == chunk && top.level == first_level => top,
             _ => ChunkCounts::of(&keys, chunk, first_level),
         };
+        if rows.numbered && !want_ties && packed::applies(&keys, bytes) {
+            packed::sort_order(&keys, bytes, rows.idx, threads, &top);
+            recycle(keys);
+            return vec![];
+        }
         let mut scratch_keys: Vec<K> = take_vec_filled(n);
         let mut scratch_idx: Vec<I> = take_vec_filled(n);
         let buffers = TopLevel {
@@ -374,7 +397,7 @@ struct Buffers<'a, K, I> {
     scratch_idx: &'a mut [I],
 }
 
-impl<'a, K: RadixKey, I: SortIndex> Buffers<'a, K, I> {
+impl<'a, K: RadixKey, I: Carried> Buffers<'a, K, I> {
     fn len(&self) -> usize {
         self.keys.len()
     }
@@ -412,7 +435,7 @@ impl<'a, K: RadixKey, I: SortIndex> Buffers<'a, K, I> {
 
 /// Sorts `buf` by bytes `level..`; the result ends in `buf.keys/idx` when
 /// `result_in_data`, else in the scratch half.
-fn msd<K: RadixKey, I: SortIndex>(mut buf: Buffers<K, I>, level: usize, result_in_data: bool) {
+fn msd<K: RadixKey, I: Carried>(mut buf: Buffers<K, I>, level: usize, result_in_data: bool) {
     let n = buf.len();
     if n <= SMALL_BLOCK_ROWS || level == K::BYTES {
         if level < K::BYTES {
@@ -446,7 +469,7 @@ fn msd<K: RadixKey, I: SortIndex>(mut buf: Buffers<K, I>, level: usize, result_i
 /// One counting pass on the next `log2(n)` bits from byte `level`, then an
 /// insertion sort of the whole, nearly sorted, bucket. Returns false (and
 /// changes nothing) if the digits are too skewed for that to be short.
-fn diverting_pass<K: RadixKey, I: SortIndex>(
+fn diverting_pass<K: RadixKey, I: Carried>(
     buf: &mut Buffers<K, I>,
     level: usize,
     result_in_data: bool,
@@ -469,7 +492,7 @@ fn diverting_pass<K: RadixKey, I: SortIndex>(
 /// bits from byte `level` (at most `DIVERT_BITS_MAX`), leaving runs of
 /// about one key for an insertion sort to finish. Returns false, writing
 /// nothing, if a digit holds more than `DIVERT_RUN_MAX` keys.
-fn divert<K: RadixKey, I: SortIndex>(
+fn divert<K: RadixKey, I: Carried>(
     keys: &[K],
     idx: &[I],
     level: usize,
@@ -520,7 +543,7 @@ fn divert<K: RadixKey, I: SortIndex>(
 
 /// Stable insertion sort of a small block from `keys`/`idx` into
 /// `out_keys`/`out_idx`.
-fn insertion_sort_into<K: RadixKey, I: SortIndex>(
+fn insertion_sort_into<K: RadixKey, I: Carried>(
     keys: &[K],
     idx: &[I],
     out_keys: &mut [K],
@@ -532,7 +555,7 @@ fn insertion_sort_into<K: RadixKey, I: SortIndex>(
 }
 
 /// Stable insertion sort of a small block.
-fn insertion_sort<K: RadixKey, I: SortIndex>(keys: &mut [K], idx: &mut [I]) {
+fn insertion_sort<K: RadixKey, I: Carried>(keys: &mut [K], idx: &mut [I]) {
     for i in 1..keys.len() {
         let (k, r) = (keys[i], idx[i]);
         insert_sorted(keys, idx, i, k, r);
@@ -542,7 +565,7 @@ fn insertion_sort<K: RadixKey, I: SortIndex>(keys: &mut [K], idx: &mut [I]) {
 /// Puts `(k, r)` into the sorted first `len` pairs (slot `len` is free),
 /// after every key not greater: stable.
 #[inline(always)]
-fn insert_sorted<K: RadixKey, I: SortIndex>(keys: &mut [K], idx: &mut [I], len: usize, k: K, r: I) {
+fn insert_sorted<K: RadixKey, I: Carried>(keys: &mut [K], idx: &mut [I], len: usize, k: K, r: I) {
     let mut j = len;
     while j > 0 && keys[j - 1] > k {
         keys[j] = keys[j - 1];
@@ -584,20 +607,21 @@ const PREFETCH_GROUPS_AHEAD: usize = 2;
 /// For every `b`, the slots from `offsets[b]` on, as many as `keys` has
 /// keys with byte value `b`, must be valid for writes and written by no one
 /// else meanwhile.
-unsafe fn scatter_raw<K: RadixKey, I: SortIndex>(
+unsafe fn scatter_raw<K: RadixKey, R, T: Carried, I: Carried>(
     keys: &[K],
-    rows: impl Iterator<Item = I>,
+    rows: impl Iterator<Item = R>,
     level: usize,
     offsets: [usize; 256],
-    target: &ScatterTarget<K, I>,
+    target: &ScatterTarget<T, I>,
+    written: impl Fn(K, R) -> (T, I),
 ) {
     const LAST: usize = STAGE_ROWS - 1;
-    let mut stage_keys = vec![K::default(); 256 * STAGE_ROWS];
+    let mut stage_keys = vec![T::default(); 256 * STAGE_ROWS];
     let mut stage_rows = vec![I::default(); 256 * STAGE_ROWS];
     let first = offsets;
     let mut next = offsets;
     // Copies the staged slots `lo..=hi` of bucket `b` (within one group) out.
-    let copy_out = |b: usize, lo: usize, hi: usize, keys: &[K], rows: &[I]| {
+    let copy_out = |b: usize, lo: usize, hi: usize, keys: &[T], rows: &[I]| {
         debug_assert!(lo >= first[b] && lo <= hi && lo / STAGE_ROWS == hi / STAGE_ROWS);
         let at = b * STAGE_ROWS + lo % STAGE_ROWS;
         // SAFETY: the caller's contract: `lo..=hi` are slots of bucket `b`
@@ -615,8 +639,8 @@ unsafe fn scatter_raw<K: RadixKey, I: SortIndex>(
                 copy_group(keys.as_ptr().add(at), target.keys.add(lo));
                 copy_group(rows.as_ptr().add(at), target.idx.add(lo));
             } else {
-                std::ptr::copy_nonoverlapping(keys.as_ptr().add(at), target.keys.add(lo), n);
-                std::ptr::copy_nonoverlapping(rows.as_ptr().add(at), target.idx.add(lo), n);
+                copy_few(keys.as_ptr().add(at), target.keys.add(lo), n);
+                copy_few(rows.as_ptr().add(at), target.idx.add(lo), n);
             }
         }
     };
@@ -625,6 +649,7 @@ unsafe fn scatter_raw<K: RadixKey, I: SortIndex>(
         let slot = next[b];
         next[b] = slot + 1;
         let at = b * STAGE_ROWS + slot % STAGE_ROWS;
+        let (k, i) = written(k, i);
         // SAFETY: b < 256, so `at` is inside the stage.
         unsafe {
             *stage_keys.get_unchecked_mut(at) = k;
@@ -641,7 +666,9 @@ unsafe fn scatter_raw<K: RadixKey, I: SortIndex>(
             // Slot `slot + 1` starts the next group.
             let ahead = slot + 1 + (PREFETCH_GROUPS_AHEAD - 1) * STAGE_ROWS;
             prefetch_for_write(target.keys.wrapping_add(ahead));
-            prefetch_for_write(target.idx.wrapping_add(ahead));
+            if std::mem::size_of::<I>() > 0 {
+                prefetch_for_write(target.idx.wrapping_add(ahead));
+            }
         }
     }
     for b in 0..256 {
@@ -661,6 +688,19 @@ unsafe fn scatter_raw<K: RadixKey, I: SortIndex>(
 unsafe fn copy_group<T: Copy>(src: *const T, dst: *mut T) {
     let group = src.cast::<[T; STAGE_ROWS]>().read_unaligned();
     dst.cast::<[T; STAGE_ROWS]>().write_unaligned(group);
+}
+
+/// Copies `n` values from `src` to `dst`: a partial group, at the ends of
+/// a bucket. Kept out of line so that the compiler cannot fold the whole
+/// groups' fixed-size copy into this one's `memcpy` call: with rows that
+/// are not carried it did, and the call cost 7% of a 100M-key sort.
+///
+/// # Safety
+/// Both ranges valid for `n` values and not overlapping.
+#[cold]
+#[inline(never)]
+unsafe fn copy_few<T: Copy>(src: *const T, dst: *mut T, n: usize) {
+    std::ptr::copy_nonoverlapping(src, dst, n);
 }
 
 /// A hint that the cache line at `p` will soon be written; never faults,
@@ -763,39 +803,7 @@ fn top_level<K: RadixKey, I: SortIndex>(
     } = buffers;
     let (n, chunk, level) = (keys.len(), top.chunk, top.level);
     assert!(idx.len() == n && scratch_keys.len() == n && scratch_idx.len() == n);
-    assert_eq!(
-        top.counts.len(),
-        n.div_ceil(chunk),
-        "one histogram per chunk"
-    );
-    assert!(
-        keys.chunks(chunk)
-            .zip(&top.counts)
-            .all(|(part, h)| h.iter().sum::<usize>() == part.len()),
-        "each chunk's histogram counts as many keys as the chunk holds"
-    );
-    debug_assert!(
-        keys.chunks(chunk)
-            .zip(&top.counts)
-            .all(|(part, h)| byte_counts(part, level) == *h),
-        "each chunk's histogram counts that chunk"
-    );
-    let histograms = &top.counts;
-    let mut counts = [0usize; 256];
-    for h in histograms {
-        for b in 0..256 {
-            counts[b] += h[b];
-        }
-    }
-    // Thread t's slots for bucket b follow those of threads < t: stable.
-    let mut starts = vec![[0usize; 256]; histograms.len()];
-    let mut sum = 0;
-    for b in 0..256 {
-        for (t, h) in histograms.iter().enumerate() {
-            starts[t][b] = sum;
-            sum += h[b];
-        }
-    }
+    let (counts, starts) = bucket_starts(keys, top);
     let target = ScatterTarget {
         keys: scratch_keys.as_mut_ptr(),
         idx: scratch_idx.as_mut_ptr(),
@@ -817,9 +825,11 @@ fn top_level<K: RadixKey, I: SortIndex>(
                             level,
                             offsets,
                             target,
+                            |k, r| (k, r),
                         )
                     } else {
-                        scatter_raw(part_k, part_i.iter().copied(), level, offsets, target)
+                        let rows = part_i.iter().copied();
+                        scatter_raw(part_k, rows, level, offsets, target, |k, r| (k, r))
                     }
                 }
             });
@@ -856,6 +866,46 @@ fn top_level<K: RadixKey, I: SortIndex>(
     });
 }
 
+/// The size of each top-level bucket, and where each chunk's thread
+/// starts writing each bucket: after the threads of earlier chunks, so
+/// the scatter is stable. Asserts that `top` counts these keys' chunks.
+fn bucket_starts<K: RadixKey>(keys: &[K], top: &ChunkCounts) -> ([usize; 256], Vec<[usize; 256]>) {
+    let (chunk, level) = (top.chunk, top.level);
+    assert_eq!(
+        top.counts.len(),
+        keys.len().div_ceil(chunk),
+        "one histogram per chunk"
+    );
+    assert!(
+        keys.chunks(chunk)
+            .zip(&top.counts)
+            .all(|(part, h)| h.iter().sum::<usize>() == part.len()),
+        "each chunk's histogram counts as many keys as the chunk holds"
+    );
+    debug_assert!(
+        keys.chunks(chunk)
+            .zip(&top.counts)
+            .all(|(part, h)| byte_counts(part, level) == *h),
+        "each chunk's histogram counts that chunk"
+    );
+    let histograms = &top.counts;
+    let mut counts = [0usize; 256];
+    for h in histograms {
+        for b in 0..256 {
+            counts[b] += h[b];
+        }
+    }
+    let mut starts = vec![[0usize; 256]; histograms.len()];
+    let mut sum = 0;
+    for b in 0..256 {
+        for (t, h) in histograms.iter().enumerate() {
+            starts[t][b] = sum;
+            sum += h[b];
+        }
+    }
+    (counts, starts)
+}
+
 /// A thread's working space for finishing top-level buckets, reused from
 /// bucket to bucket so that it stays in cache: the scatter of a bucket's
 /// second level lands in `keys`/`idx` instead of cold memory, and a small
@@ -867,11 +917,11 @@ struct Local<K, I> {
     tiny_idx: Vec<I>,
 }
 
-impl<K: RadixKey, I: SortIndex> Local<K, I> {
+impl<K: RadixKey, I: Carried> Local<K, I> {
     fn take(rows: usize) -> Self {
         Local {
             keys: take_vec_filled(rows),
-            idx: take_vec_filled(rows),
+            idx: take_carried(rows),
             tiny_keys: vec![K::default(); DIVERT_ROWS_MAX],
             tiny_idx: vec![I::default(); DIVERT_ROWS_MAX],
         }
@@ -879,7 +929,18 @@ impl<K: RadixKey, I: SortIndex> Local<K, I> {
 
     fn recycle(self) {
         recycle(self.keys);
-        recycle(self.idx);
+        if std::mem::size_of::<I>() > 0 {
+            recycle(self.idx);
+        }
+    }
+}
+
+/// `n` carried values from the pool, or, for [`NoRow`], without it (the
+/// pool deals in bytes, and these have none).
+fn take_carried<I: Carried>(n: usize) -> Vec<I> {
+    match std::mem::size_of::<I>() {
+        0 => vec![I::default(); n],
+        _ => take_vec_filled(n),
     }
 }
 
@@ -888,7 +949,7 @@ impl<K: RadixKey, I: SortIndex> Local<K, I> {
 /// false would leave them; its sorted keys go to `bucket.scratch_keys`
 /// only if `keys_wanted` (mostly only the order is), and the rest of the
 /// bucket's memory is overwritten.
-fn finish_bucket<K: RadixKey, I: SortIndex>(
+fn finish_bucket<K: RadixKey, I: Carried>(
     bucket: Buffers<K, I>,
     mut level: usize,
     local: &mut Local<K, I>,
@@ -939,7 +1000,7 @@ fn finish_bucket<K: RadixKey, I: SortIndex>(
 /// row indices in order: from `tiny` when a diverting pass and an
 /// insertion sort finish it there, else from `keys` and `idx`, sorted in
 /// place with `spare_*` as scratch.
-fn finish_small<'a, K: RadixKey, I: SortIndex>(
+fn finish_small<'a, K: RadixKey, I: Carried>(
     keys: &'a mut [K],
     idx: &'a mut [I],
     spare_keys: &mut [K],
@@ -983,7 +1044,7 @@ fn byte_counts<K: RadixKey>(keys: &[K], level: usize) -> [usize; 256] {
 
 /// Stable scatter of `keys`/`idx` by byte `level` into `out_*`, given the
 /// byte's counts.
-fn scatter<K: RadixKey, I: SortIndex>(
+fn scatter<K: RadixKey, I: Carried>(
     keys: &[K],
     idx: &[I],
     level: usize,
@@ -1006,7 +1067,8 @@ fn scatter<K: RadixKey, I: SortIndex>(
     };
     // SAFETY: the offsets are the prefix sums of the byte counts, which sum
     // to n (asserted above), the length of both outputs.
-    unsafe { scatter_raw(keys, idx.iter().copied(), level, offsets, &target) }
+    let rows = idx.iter().copied();
+    unsafe { scatter_raw(keys, rows, level, offsets, &target, |k, r| (k, r)) }
 }
 
 #[cfg(test)]
@@ -1195,7 +1257,7 @@ mod tests {
             };
             // SAFETY: bucket b's slots offsets[b].. (counts[b] of them) lie
             // inside the outputs and no one else writes them.
-            unsafe { scatter_raw(&keys, 0..n as u32, 0, offsets, &target) };
+            unsafe { scatter_raw(&keys, 0..n as u32, 0, offsets, &target, |k, r| (k, r)) };
             let mut want_keys = vec![u64::MAX; end + GAP];
             let mut want_rows = vec![u32::MAX; end + GAP];
             let mut next = offsets;
