@@ -350,7 +350,7 @@ fn sort_narrowed<K: RadixKey, I: SortIndex>(
             Some(top) if top.chunk == chunk && top.level == first_level => top,
             _ => ChunkCounts::of(&keys, chunk, first_level),
         };
-        if rows.numbered && !want_ties && packed::applies(&keys, bytes) {
+        if rows.numbered && !want_ties && packed::applies(&keys, bytes, &top) {
             packed::sort_order(&keys, bytes, rows.idx, threads, &top);
             recycle(keys);
             return vec![];

@@ -27,17 +27,28 @@
 use super::*;
 
 /// Keys sampled to judge whether the slices of keys wider than 40 bits
-/// tie rarely. With no tie among these, a random key set of `n` keys holds
-/// about `(n / TIE_SAMPLE_ROWS)^2` tied pairs at most: some 2.3M at 100M
-/// keys, a few percent of a sort's time in full-key look-ups.
+/// tie rarely. A sample of `s` keys out of `n` shows a given tied pair
+/// with odds `(s / n)^2`, so no tie in it makes more than about
+/// `(n / s)^2` tied pairs unlikely: 2.3M at 100M keys, each settled by
+/// two look-ups of full keys.
 const TIE_SAMPLE_ROWS: usize = 1 << 16;
+/// Top-level buckets at most this share of the keys (as 1/n). A bucket
+/// larger than a thread's local area is sorted with a spare area of its
+/// own size; bounding buckets to 1/16 of the keys keeps the path's
+/// memory (20 bytes a key: keys, words and rows, plus that spare per
+/// thread) below the 24 bytes a key of the pairs path.
+const BUCKET_SHARE_MAX: usize = 16;
 
 /// Whether the keys (using their low `bytes` bytes, key `i` being row
-/// `i`'s) are sorted as packed words.
-pub(super) fn applies<K: RadixKey>(keys: &[K], bytes: usize) -> bool {
+/// `i`'s; `top` counts their top byte) are sorted as packed words.
+pub(super) fn applies<K: RadixKey>(keys: &[K], bytes: usize, top: &ChunkCounts) -> bool {
     (5..=8).contains(&bytes)
         && bytes <= K::BYTES
         && keys.len() <= u32::MAX as usize + 1
+        && (0..256).all(|b| {
+            let size: usize = top.counts.iter().map(|h| h[b]).sum();
+            size <= (keys.len() / BUCKET_SHARE_MAX).max(LOCAL_BYTES_MAX / 8)
+        })
         && slices_rarely_tie(keys, bytes)
 }
 
@@ -321,13 +332,34 @@ mod tests {
         }
     }
 
+    /// Buckets larger than a thread's local area sort in a spare area of
+    /// their own.
+    #[test]
+    fn buckets_larger_than_the_local_area_sort_too() {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(31);
+        let n = 5 * LOCAL_BYTES_MAX / 8 / 2;
+        for low in [|r: &mut rand::rngs::StdRng| r.random(), |_: &mut _| 5] {
+            let keys = keys_of((n, 7, 2), &mut rng, low);
+            assert_eq!(packed_order(&keys, 7, 2), stable_order(&keys));
+        }
+    }
+
     #[test]
     fn applies_to_wide_keys_whose_slices_rarely_tie() {
         let mut rng = rand::rngs::StdRng::seed_from_u64(29);
         let n = 1 << 18;
+        let applies = |keys: &[u64], bytes| {
+            let top = ChunkCounts::of(keys, keys.len().div_ceil(2), 8 - bytes);
+            super::applies(keys, bytes, &top)
+        };
         let uniform = keys_of((n, 8, 256), &mut rng, |r| r.random());
         assert!(applies(&uniform, 8));
         assert!(!applies(&uniform, 4), "4 bytes sort as u32 pairs");
+        let big = 3 * LOCAL_BYTES_MAX / 8;
+        let skewed = keys_of((big, 8, 2), &mut rng, |r| r.random());
+        assert!(!applies(&skewed, 8), "one bucket holds half the keys");
+        let spread = keys_of((big, 8, 32), &mut rng, |r| r.random());
+        assert!(applies(&spread, 8));
         let pairs: Vec<u64> = uniform[..n / 2].iter().flat_map(|&k| [k, k]).collect();
         assert!(!applies(&pairs, 8), "every key twice: ties everywhere");
         let five = keys_of((n, 5, 256), &mut rng, |r| r.random());
