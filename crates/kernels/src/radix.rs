@@ -596,8 +596,9 @@ const STAGE_ROWS: usize = 8;
 /// of the groups took 640-1066 ms.
 const PREFETCH_GROUPS_AHEAD: usize = 2;
 
-/// Writes each key of `keys`, with the next row index of `rows`, to slot
-/// `offsets[b]` (then the next) of `target`, `b` being its byte `level`.
+/// Writes `written(k, r)` for each key `k` of `keys` and the next row `r`
+/// of `rows` (the pair itself, or a word that packs both) to slot
+/// `offsets[b]` (then the next) of `target`, `b` being `k`'s byte `level`.
 ///
 /// The writes go through a stage of `STAGE_ROWS` slots per bucket that
 /// stays in L1, so the 256 far-apart output streams are written a cache

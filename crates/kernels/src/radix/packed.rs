@@ -233,7 +233,9 @@ fn emit<K: RadixKey, I: SortIndex>(words: &[u64], out: &mut [I], full: Option<&[
     for (o, &w) in out.iter_mut().zip(words) {
         *o = I::from_usize(w as u32 as usize);
     }
-    let Some(full) = full else { return };
+    let Some(full) = full.filter(|_| words.len() > 1) else {
+        return;
+    };
     // Most blocks hold no tie: find that out in one branch-free pass.
     let tied = words.iter().zip(&words[1..]);
     if tied
