@@ -952,7 +952,7 @@ fn take_carried<I: Carried>(n: usize) -> Vec<I> {
 /// bucket's memory is overwritten.
 fn finish_bucket<K: RadixKey, I: Carried>(
     bucket: Buffers<K, I>,
-    mut level: usize,
+    level: usize,
     local: &mut Local<K, I>,
     keys_wanted: bool,
 ) {
@@ -960,40 +960,65 @@ fn finish_bucket<K: RadixKey, I: Carried>(
     if n <= DIVERT_ROWS_MAX || n > local.keys.len() {
         return msd(bucket, level, false);
     }
-    let counts = loop {
-        if level == K::BYTES {
-            // All keys equal: input order is the stable order.
-            if keys_wanted {
-                bucket.scratch_keys.copy_from_slice(bucket.keys);
-            }
-            return bucket.scratch_idx.copy_from_slice(bucket.idx);
+    let Some((level, counts)) = first_split(bucket.keys, level) else {
+        // All keys equal: input order is the stable order.
+        if keys_wanted {
+            bucket.scratch_keys.copy_from_slice(bucket.keys);
         }
-        let counts = byte_counts(bucket.keys, level);
-        if !counts.contains(&n) {
-            break counts;
-        }
-        level += 1;
+        return bucket.scratch_idx.copy_from_slice(bucket.idx);
     };
-    let (keys, idx) = (&mut local.keys[..n], &mut local.idx[..n]);
-    scatter(bucket.keys, bucket.idx, level, &counts, keys, idx);
-    let (mut keys, mut idx) = (keys, idx);
-    let (mut spare_keys, mut spare_idx) = (bucket.keys, bucket.idx);
     let (mut out, mut out_keys) = (bucket.scratch_idx, bucket.scratch_keys);
+    let sorted = (bucket.keys, bucket.idx);
+    sort_second_level(
+        sorted,
+        (level, &counts),
+        local,
+        |sorted_keys, sorted_idx| {
+            let n = sorted_idx.len();
+            let (o, rest_o) = std::mem::take(&mut out).split_at_mut(n);
+            let (ok, rest_ok) = std::mem::take(&mut out_keys).split_at_mut(n);
+            o.copy_from_slice(sorted_idx);
+            if keys_wanted {
+                ok.copy_from_slice(sorted_keys);
+            }
+            (out, out_keys) = (rest_o, rest_ok);
+        },
+    );
+}
+
+/// The first byte from `level` on that is not the same in all `keys`, and
+/// its counts; `None` if the keys are all equal from `level` on.
+fn first_split<K: RadixKey>(keys: &[K], level: usize) -> Option<(usize, [usize; 256])> {
+    (level..K::BYTES)
+        .map(|level| (level, byte_counts(keys, level)))
+        .find(|(_, counts)| !counts.contains(&keys.len()))
+}
+
+/// Scatters a top-level bucket (`keys`/`idx`, which then serve as spare
+/// room) by byte `level` (`counts` its counts) into `local`'s area, sorts
+/// each second-level bucket on the bytes after, and hands each one's
+/// sorted keys and rows to `done`, in order.
+fn sort_second_level<K: RadixKey, I: Carried>(
+    (keys, idx): (&mut [K], &mut [I]),
+    (level, counts): (usize, &[usize; 256]),
+    local: &mut Local<K, I>,
+    mut done: impl FnMut(&[K], &[I]),
+) {
+    let n = keys.len();
+    let (sorted_keys, sorted_idx) = (&mut local.keys[..n], &mut local.idx[..n]);
+    scatter(keys, idx, level, counts, sorted_keys, sorted_idx);
+    let (mut sorted_keys, mut sorted_idx) = (sorted_keys, sorted_idx);
+    let (mut spare_keys, mut spare_idx) = (keys, idx);
     for &size in counts.iter().filter(|&&size| size > 0) {
-        let (k, rest_k) = keys.split_at_mut(size);
-        let (i, rest_i) = idx.split_at_mut(size);
+        let (k, rest_k) = sorted_keys.split_at_mut(size);
+        let (i, rest_i) = sorted_idx.split_at_mut(size);
         let (sk, rest_sk) = spare_keys.split_at_mut(size);
         let (si, rest_si) = spare_idx.split_at_mut(size);
-        let (o, rest_o) = out.split_at_mut(size);
-        let (ok, rest_ok) = out_keys.split_at_mut(size);
         let tiny = (&mut local.tiny_keys[..], &mut local.tiny_idx[..]);
-        let (sorted_keys, sorted_idx) = finish_small(k, i, sk, si, level + 1, tiny);
-        o.copy_from_slice(sorted_idx);
-        if keys_wanted {
-            ok.copy_from_slice(sorted_keys);
-        }
-        (keys, idx, spare_keys, spare_idx) = (rest_k, rest_i, rest_sk, rest_si);
-        (out, out_keys) = (rest_o, rest_ok);
+        let (in_order_keys, in_order_idx) = finish_small(k, i, sk, si, level + 1, tiny);
+        done(in_order_keys, in_order_idx);
+        (sorted_keys, sorted_idx) = (rest_k, rest_i);
+        (spare_keys, spare_idx) = (rest_sk, rest_si);
     }
 }
 

@@ -183,7 +183,8 @@ fn finish_bucket<K: RadixKey, I: SortIndex>(
     local: &mut Local<u64, NoRow>,
 ) {
     let n = words.len();
-    let (mut no_rows, mut no_spare_rows) = (vec![NoRow; n], vec![NoRow; n]);
+    // Zero-sized: these vectors allocate nothing.
+    let mut no_rows = vec![NoRow; n];
     if n <= DIVERT_ROWS_MAX || n > local.keys.len() {
         let mut pooled: Vec<u64> = vec![];
         let spare = match n <= local.keys.len() {
@@ -197,32 +198,25 @@ fn finish_bucket<K: RadixKey, I: SortIndex>(
             keys: &mut *words,
             idx: &mut no_rows,
             scratch_keys: spare,
-            scratch_idx: &mut no_spare_rows,
+            scratch_idx: &mut vec![NoRow; n],
         };
         msd(buffers, 0, true);
         recycle(pooled);
         return emit(words, out, full);
     }
     // Words are distinct (their rows are), so some byte splits them.
-    let (level, counts) = (0..8)
-        .map(|level| (level, byte_counts(words, level)))
-        .find(|(_, counts)| !counts.contains(&n))
-        .expect("distinct words differ in some byte");
-    let sorted = &mut local.keys[..n];
-    scatter(words, &no_rows, level, &counts, sorted, &mut local.idx[..n]);
-    let (mut sorted, mut spare, mut out) = (sorted, words, out);
-    let (mut rows, mut spare_rows) = (&mut no_rows[..], &mut no_spare_rows[..]);
-    for &size in counts.iter().filter(|&&size| size > 0) {
-        let (w, rest_w) = sorted.split_at_mut(size);
-        let (sw, rest_sw) = spare.split_at_mut(size);
-        let (o, rest_o) = out.split_at_mut(size);
-        let (r, rest_r) = rows.split_at_mut(size);
-        let (sr, rest_sr) = spare_rows.split_at_mut(size);
-        let tiny = (&mut local.tiny_keys[..], &mut local.tiny_idx[..]);
-        let (in_order, _) = finish_small(w, r, sw, sr, level + 1, tiny);
-        emit(in_order, o, full);
-        (sorted, spare, out, rows, spare_rows) = (rest_w, rest_sw, rest_o, rest_r, rest_sr);
-    }
+    let split = first_split(words, 0).expect("distinct words differ in some byte");
+    let mut out = out;
+    sort_second_level(
+        (words, &mut no_rows),
+        (split.0, &split.1),
+        local,
+        |sorted, _| {
+            let (o, rest_o) = std::mem::take(&mut out).split_at_mut(sorted.len());
+            emit(sorted, o, full);
+            out = rest_o;
+        },
+    );
 }
 
 /// Writes the rows of sorted `words` to `out`, then, if the keys have bits
