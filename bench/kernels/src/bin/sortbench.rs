@@ -681,6 +681,69 @@ fn decode_section(n: usize, reps: usize, copy: f64) {
         n as f64 / s4 / 1e9,
         n as f64 / s8 / 1e9
     );
+    let measured = [(256, s4, s8), (1 << 16, d4, d8)];
+    fixed_width_decode_by_dictionary_size(&codes, reps, &measured);
+}
+
+/// Fixed-width decode rates against the dictionary's size, from 256 to
+/// 64Ki entries (the codes masked to fewer bits: still uniform), beside
+/// the rates `measured` already (entries, 4-byte s, 8-byte s): where the
+/// dictionary outgrows L1, every row's load misses it, and the rate
+/// becomes the rate L1 is refilled at, whatever loads the values.
+fn fixed_width_decode_by_dictionary_size(
+    codes: &Int32Array,
+    reps: usize,
+    measured: &[(usize, f64, f64)],
+) {
+    let n = codes.len();
+    let decode = |dict: &DictionaryArray<arrow::datatypes::Int32Type>| {
+        median_secs(
+            reps,
+            || (),
+            |_| {
+                (0..n)
+                    .step_by(BATCH_ROWS)
+                    .map(|at| {
+                        dictionary_decode(&dict.slice(at, BATCH_ROWS.min(n - at)))
+                            .unwrap()
+                            .len()
+                    })
+                    .sum::<usize>()
+            },
+        )
+    };
+    println!("\nfixed-width decode by dictionary size (one core, 64Ki-row batches)\n");
+    println!(
+        "| entries | 4-byte table KiB | 4-byte G values/s | 8-byte table KiB | 8-byte G values/s |"
+    );
+    println!("|---:|---:|---:|---:|---:|");
+    for entries in [256usize, 4 << 10, 8 << 10, 16 << 10, 32 << 10, 64 << 10] {
+        let (s4, s8) = match measured.iter().find(|m| m.0 == entries) {
+            Some(&(_, s4, s8)) => (s4, s8),
+            None => {
+                let mask = entries as i32 - 1;
+                let masked = Int32Array::from_iter_values(codes.values().iter().map(|c| c & mask));
+                let values4 = Arc::new(Int32Array::from_iter_values(0..entries as i32));
+                let values8 = Arc::new(UInt64Array::from(random_u64(entries, 6)));
+                (
+                    decode(&DictionaryArray::new(masked.clone(), values4)),
+                    decode(&DictionaryArray::new(masked, values8)),
+                )
+            }
+        };
+        println!(
+            "| {entries} | {} | {:.2} | {} | {:.2} |",
+            entries * 4 / 1024,
+            n as f64 / s4 / 1e9,
+            entries * 8 / 1024,
+            n as f64 / s8 / 1e9
+        );
+        eprintln!(
+            "{}",
+            serde_json::json!({"group": "dictionary decode by size", "entries": entries,
+                "median_s_4": s4, "median_s_8": s8, "items": n})
+        );
+    }
 }
 
 /// Seconds (median) to copy `src` into a warm buffer, printed as the
