@@ -1,7 +1,7 @@
 //! The two-phase external merge sort of fixed-size records (paper 001).
 //!
 //! ```text
-//!  sort phase   reader thread ──M bytes──▶ key sort (radix) ──▶ run writer: gather ──4 MiB blocks──▶ writer thread ─▶ run file
+//!  sort phase   reader thread ──M bytes──▶ key sort (radix) ──▶ run writer: gather ──blocks of ≤ 32 MiB──▶ writer thread ─▶ run file
 //!               (two chunk buffers: chunk k is gathered and written while chunk k+1's keys sort)
 //!  merge phase  ⌈log_l(runs)⌉ passes; each merges groups of ≤ l runs through a
 //!               loser tree: per run a reader thread one block ahead, one writer
