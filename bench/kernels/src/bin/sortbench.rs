@@ -682,36 +682,21 @@ fn decode_section(n: usize, reps: usize, copy: f64) {
         n as f64 / s8 / 1e9
     );
     let measured = [(256, s4, s8), (1 << 16, d4, d8)];
-    fixed_width_decode_by_dictionary_size(&codes, reps, &measured);
+    fixed_width_decode_by_dictionary_size(&codes, &decode, &measured);
 }
 
 /// Fixed-width decode rates against the dictionary's size, from 256 to
-/// 64Ki entries (the codes masked to fewer bits: still uniform), beside
-/// the rates `measured` already (entries, 4-byte s, 8-byte s): where the
+/// 64Ki entries (the codes masked to fewer bits: still uniform), each
+/// timed by `decode`, beside the rates `measured` already (entries,
+/// 4-byte s, 8-byte s): where the
 /// dictionary outgrows L1, every row's load misses it, and the rate
 /// becomes the rate L1 is refilled at, whatever loads the values.
 fn fixed_width_decode_by_dictionary_size(
     codes: &Int32Array,
-    reps: usize,
+    decode: &dyn Fn(&DictionaryArray<arrow::datatypes::Int32Type>) -> f64,
     measured: &[(usize, f64, f64)],
 ) {
     let n = codes.len();
-    let decode = |dict: &DictionaryArray<arrow::datatypes::Int32Type>| {
-        median_secs(
-            reps,
-            || (),
-            |_| {
-                (0..n)
-                    .step_by(BATCH_ROWS)
-                    .map(|at| {
-                        dictionary_decode(&dict.slice(at, BATCH_ROWS.min(n - at)))
-                            .unwrap()
-                            .len()
-                    })
-                    .sum::<usize>()
-            },
-        )
-    };
     println!("\nfixed-width decode by dictionary size (one core, 64Ki-row batches)\n");
     println!(
         "| entries | 4-byte table KiB | 4-byte G values/s | 8-byte table KiB | 8-byte G values/s |"
