@@ -716,6 +716,7 @@ pub(crate) const DIRECT_ALIGN: usize = 4096;
 
 /// A transparent huge page on x86-64 and most arm64 kernels: buffers
 /// smaller than one are never backed by one.
+#[cfg(target_os = "linux")]
 const HUGE_PAGE_BYTES: usize = 2 << 20;
 
 /// Bytes of an aligned buffer of at least `len` bytes.
