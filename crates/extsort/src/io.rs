@@ -993,6 +993,11 @@ impl AlignedBuf {
     /// 2048MiB`, plain runs, page cache dropped); the merge's gathers from
     /// the run kept in memory took a little longer (merging 3.16-3.37 s
     /// against 2.88-3.06 s).
+    ///
+    /// The advice stays with the memory after the buffer is freed. Under
+    /// `insitu extsort` that is harmless: glibc's mmap threshold is
+    /// lowered first ([`return_freed_buffers`]), so every buffer this
+    /// large is a mapping of its own, unmapped when dropped.
     fn on_base_pages(self) -> Self {
         #[cfg(target_os = "linux")]
         if self.cap >= HUGE_PAGE_BYTES {
