@@ -13,6 +13,7 @@ use std::thread::JoinHandle;
 use std::time::Instant;
 
 use insitu_kernels::gather_rows_into;
+use insitu_kernels::mem::advise_base_pages;
 
 use crate::codec::{
     compress_frames, decompress_frame, frame_bytes_max, stored_bytes_max, FrameShape, RunCodec,
@@ -714,11 +715,6 @@ impl Drop for BlockWriter {
 /// Alignment of direct I/O: buffers, file offsets and request lengths.
 pub(crate) const DIRECT_ALIGN: usize = 4096;
 
-/// A transparent huge page on x86-64 and most arm64 kernels: buffers
-/// smaller than one are never backed by one.
-#[cfg(target_os = "linux")]
-const HUGE_PAGE_BYTES: usize = 2 << 20;
-
 /// Bytes of an aligned buffer of at least `len` bytes.
 pub fn aligned_bytes(len: usize) -> usize {
     len.max(1).next_multiple_of(DIRECT_ALIGN)
@@ -994,20 +990,13 @@ impl AlignedBuf {
     /// the run kept in memory took a little longer (merging 3.16-3.37 s
     /// against 2.88-3.06 s).
     ///
-    /// The advice stays with the memory after the buffer is freed. Under
-    /// `insitu extsort` that is harmless: glibc's mmap threshold is
-    /// lowered first ([`return_freed_buffers`]), so every buffer this
-    /// large is a mapping of its own, unmapped when dropped.
+    /// The advice ([`advise_base_pages`]) stays with the memory after the
+    /// buffer is freed. Under `insitu extsort` that is harmless: glibc's
+    /// mmap threshold is lowered first ([`return_freed_buffers`]), so
+    /// every buffer this large is a mapping of its own, unmapped when
+    /// dropped.
     fn on_base_pages(self) -> Self {
-        #[cfg(target_os = "linux")]
-        if self.cap >= HUGE_PAGE_BYTES {
-            // SAFETY: advice on whole pages of an allocation this buffer
-            // owns (`DIRECT_ALIGN` is the page size); it changes no
-            // contents, and a refusal only leaves the pages as they were.
-            unsafe {
-                libc::madvise(self.ptr.as_ptr().cast(), self.cap, libc::MADV_NOHUGEPAGE);
-            }
-        }
+        advise_base_pages(self.ptr.as_ptr(), self.cap);
         self
     }
 
@@ -1737,6 +1726,7 @@ mod tests {
     #[test]
     #[cfg(target_os = "linux")]
     fn reader_buffers_stay_on_base_pages() {
+        use insitu_kernels::mem::HUGE_PAGE_BYTES;
         let dir = tempfile::tempdir().unwrap();
         let src = dir.path().join("src");
         let data: Vec<u8> = (0..3 * HUGE_PAGE_BYTES as u32 + 100)

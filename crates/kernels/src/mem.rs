@@ -415,26 +415,56 @@ fn zeroed_huge_vec<T: Pod>(n: usize) -> Vec<T> {
     unsafe { Vec::from_raw_parts(ptr, 0, n) }
 }
 
+/// A transparent huge page on x86-64 and most arm64 kernels: a buffer
+/// smaller than one is never backed by one.
+pub const HUGE_PAGE_BYTES: usize = 2 << 20;
+
 #[cfg(target_os = "linux")]
 fn advise_huge(addr: usize, len: usize) {
-    const HUGE_PAGE: usize = 2 << 20;
     if len < HUGE_BYTES_MIN {
         return;
     }
     // Only whole huge pages inside the allocation.
-    let start = addr.next_multiple_of(HUGE_PAGE);
-    let end = (addr + len) / HUGE_PAGE * HUGE_PAGE;
-    if end > start {
-        // SAFETY: the range lies inside an allocation we own; MADV_HUGEPAGE
-        // is advice and changes no contents. A failure only loses speed.
-        unsafe {
-            libc::madvise(start as *mut libc::c_void, end - start, libc::MADV_HUGEPAGE);
-        }
-    }
+    let start = addr.next_multiple_of(HUGE_PAGE_BYTES);
+    let end = (addr + len) / HUGE_PAGE_BYTES * HUGE_PAGE_BYTES;
+    advise(start, end, libc::MADV_HUGEPAGE);
 }
 
 #[cfg(not(target_os = "linux"))]
 fn advise_huge(_addr: usize, _len: usize) {}
+
+/// Advises `len` bytes at `addr`, memory the caller owns, to stay on base
+/// pages: memory filled once and then read in order gains nothing from
+/// huge pages, and where a fresh huge page faults in slowly it loses
+/// (`insitu_extsort`'s read buffers). The advice stays with the memory
+/// after it is freed, so it suits memory that is its own mapping.
+pub fn advise_base_pages(addr: *const u8, len: usize) {
+    #[cfg(target_os = "linux")]
+    if len >= HUGE_PAGE_BYTES {
+        // SAFETY: sysconf only reads a configuration value.
+        let page = (unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).max(1) as usize;
+        // Only whole pages inside the allocation.
+        let start = (addr as usize).next_multiple_of(page);
+        let end = (addr as usize + len) / page * page;
+        advise(start, end, libc::MADV_NOHUGEPAGE);
+    }
+    #[cfg(not(target_os = "linux"))]
+    let _ = (addr, len);
+}
+
+/// `madvise(advice)` on `start..end`, page-aligned bounds inside memory
+/// the caller owns. Advice changes no contents; a refusal only loses
+/// speed.
+#[cfg(target_os = "linux")]
+fn advise(start: usize, end: usize, advice: i32) {
+    if end > start {
+        // SAFETY: as the caller promises, the range is whole pages of an
+        // allocation it owns; the advice changes no contents.
+        unsafe {
+            libc::madvise(start as *mut libc::c_void, end - start, advice);
+        }
+    }
+}
 
 #[cfg(test)]
 mod tests {
