@@ -70,7 +70,24 @@ def timed(cmd, **kw):
     return time.perf_counter() - t, done.stdout
 
 
+def cpu_stolen_secs():
+    """Seconds of CPU time the hypervisor has given other guests instead of
+    this machine since boot, all CPUs together (the steal column of
+    /proc/stat); None where the kernel does not count it. Printed for each
+    insitu run, so that a rep whose in-memory work ran slow can be put down
+    to the hypervisor, or not."""
+    try:
+        with open("/proc/stat") as f:
+            fields = f.readline().split()
+    except OSError:
+        return None
+    if len(fields) < 9 or fields[0] != "cpu":
+        return None
+    return int(fields[8]) / os.sysconf("SC_CLK_TCK")
+
+
 def insitu_run(args, inp, out, tmp, codec="auto"):
+    stolen = cpu_stolen_secs()
     secs, text = timed([args.insitu, "extsort", inp, out, "--mem", f"{args.mem_mib}MiB", "--tmp", tmp,
                         "--run-codec", codec])
     phases = {}
@@ -82,7 +99,10 @@ def insitu_run(args, inp, out, tmp, codec="auto"):
     memory = "\n".join(re.findall(r"^memory: .*$", text, re.M))
     # Where each phase's time went: waits for storage, and its own work.
     times = re.findall(r"^time: (.*)$", text, re.M)
+    if stolen is not None:
+        stolen = cpu_stolen_secs() - stolen
     return {
+        "stolen_secs": stolen,
         "secs": secs,
         "phases": phases,
         "plan": plan,
@@ -395,6 +415,9 @@ def main() -> int:
     for i, run in enumerate(insitu_runs):
         for line in run["times"]:
             print(f"- rep {i}: {line}")
+        if run["stolen_secs"] is not None:
+            print(f"- rep {i}: CPU time stolen by the hypervisor during the run: {run['stolen_secs']:.2f} s "
+                  f"(all CPUs, of {run['secs']:.2f} s)")
     return 0
 
 
