@@ -399,15 +399,22 @@ fn assert_memory_within_8_mib(out: &str, codec: &str) {
     assert!(heap <= 8.0, "sort heap {heap} MiB: {text}");
     assert!(heap >= 4.0, "the sort used its budget: {heap} MiB: {text}");
     // RSS grows by that heap plus thread stacks and allocator pages: at
-    // most a few hundred KiB measured with plain runs, 1.19-1.51 MiB with
-    // LZ4 runs and the last run kept in memory (whose heap peak, 6.02
-    // MiB, leaves the rest of the budget unused; 1.51 while a build
-    // shared the cores).
+    // most a few hundred KiB measured with plain runs on idle cores, 1.19-
+    // 1.51 MiB with LZ4 runs and the last run kept in memory (whose heap
+    // peak, 6.02 MiB, leaves the rest of the budget unused; 1.51 while a
+    // build shared the cores). With the cores shared, plain runs reach
+    // that too: 1.08 MiB beside the other tests, 1.24 MiB beside three
+    // busy loops.
     let other = during - heap;
-    let other_max = if codec == "none" { 1.0 } else { 2.0 };
-    assert!(other <= other_max, "{other} MiB besides the heap: {text}");
-    // In all, RSS grows by at most the budget plus 1 MiB.
-    assert!(during <= 9.0, "{during} MiB during the sort: {text}");
+    assert!(
+        other <= 2.0,
+        "{other} MiB besides the heap ({codec}): {text}"
+    );
+    // In all, RSS grows by at most the budget plus 2 MiB.
+    assert!(
+        during <= 10.0,
+        "{during} MiB during the sort ({codec}): {text}"
+    );
     assert!(fixed < 64.0, "fixed part {fixed} MiB: {text}");
 }
 
