@@ -13,7 +13,7 @@ use std::thread::JoinHandle;
 use std::time::Instant;
 
 use insitu_kernels::gather_rows_into;
-use insitu_kernels::mem::advise_base_pages;
+use insitu_kernels::mem::{advise_base_pages, page_bytes};
 
 use crate::codec::{
     compress_frames, decompress_frame, frame_bytes_max, stored_bytes_max, FrameShape, RunCodec,
@@ -1345,8 +1345,7 @@ pub fn current_rss_bytes() -> u64 {
     let Ok(statm) = std::fs::read_to_string("/proc/self/statm") else {
         return 0;
     };
-    // SAFETY: sysconf only reads a configuration value.
-    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) }.max(0) as u64;
+    let page = page_bytes() as u64;
     statm
         .split_whitespace()
         .nth(1)

@@ -433,6 +433,16 @@ fn advise_huge(addr: usize, len: usize) {
 #[cfg(not(target_os = "linux"))]
 fn advise_huge(_addr: usize, _len: usize) {}
 
+/// The size of a base page (`sysconf(_SC_PAGESIZE)`; 4096 if it cannot
+/// say).
+pub fn page_bytes() -> usize {
+    // SAFETY: sysconf only reads a configuration value.
+    match unsafe { libc::sysconf(libc::_SC_PAGESIZE) } {
+        n if n > 0 => n as usize,
+        _ => 4096,
+    }
+}
+
 /// Advises `len` bytes at `addr`, memory the caller owns, to stay on base
 /// pages: memory filled once and then read in order gains nothing from
 /// huge pages, and where a fresh huge page faults in slowly it loses
@@ -441,8 +451,7 @@ fn advise_huge(_addr: usize, _len: usize) {}
 pub fn advise_base_pages(addr: *const u8, len: usize) {
     #[cfg(target_os = "linux")]
     if len >= HUGE_PAGE_BYTES {
-        // SAFETY: sysconf only reads a configuration value.
-        let page = (unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).max(1) as usize;
+        let page = page_bytes();
         // Only whole pages inside the allocation.
         let start = (addr as usize).next_multiple_of(page);
         let end = (addr as usize + len) / page * page;
