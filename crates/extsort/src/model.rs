@@ -81,7 +81,7 @@
 //! One run, not two: both chunk buffers kept (merge blocks of 6 MiB in
 //! what is left of 2 GiB) spared the 8 GB sort 1.8 GB of storage traffic,
 //! but the merge gathered twice as many records from memory (merging
-//! 3.62-4.50 s of CPU against 3.14-3.51 s) and the sort phase's last run
+//! took 3.62-4.50 s against 3.14-3.51 s) and the sort phase's last run
 //! was written while the last chunk sorted anyway: 15.71, 15.02 and 15.53
 //! s in all against 15.44, 15.85 and 16.48 s, within the storage's swings.
 //!
