@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The test command: formatting, lints, then every test of the workspace in
+# The test command: formatting, lints, doc links, then every test of the workspace in
 # release mode (the same build the CLI uses). INSITU_SLOW_TESTS=1 adds the
 # slower TPC-H SF 0.1 tier, the load test of device servers, and every
 # benchmark run once at a tiny size (the end-to-end ones need python3 to
@@ -9,6 +9,8 @@ cd "$(dirname "$0")/.."
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/insitu-target}"
 cargo fmt --all -- --check
 cargo clippy --release --workspace --all-targets -- -D warnings
+# Doc links that do not resolve (or name private items) fail like lints.
+RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --quiet
 cargo test --release --workspace
 if [ "${INSITU_SLOW_TESTS:-0}" = "1" ]; then
   # One at a time: the load test's 30 s of clients must not share the

@@ -526,7 +526,7 @@ impl Drop for BlockReader {
 }
 
 /// A thread writing blocks to a file as they come, one block behind the
-/// producer; blocks come back through [`BlockWriter::spare`] for reuse.
+/// producer; blocks come back through `BlockWriter::spare` for reuse.
 ///
 /// Where the file system allows it the thread writes with `O_DIRECT`,
 /// straight from blocks of whole aligned pages and through an aligned
@@ -617,7 +617,7 @@ impl BlockWriter {
     /// A writer of blocks of up to `block` raw bytes that, given a
     /// [`FrameShape`], compresses each into frames on its own thread
     /// while the producer fills the next block and an I/O thread writes
-    /// the last ([`compress_then_write`]). Holds two raw blocks, two
+    /// the last (`compress_then_write`). Holds two raw blocks, two
     /// compressed ones and the staging request.
     pub fn spawn_with(
         file: File,
@@ -755,7 +755,7 @@ pub fn read_buffer_bytes(block: usize) -> usize {
 /// `O_DIRECT`. With `fixed` blocks (every block `block` bytes but a
 /// stream's last, which may be shorter) of whole aligned pages, full
 /// blocks go out in place and only the last block's tail is staged: one
-/// page. Other blocks are staged in one request ([`staging_request_bytes`]).
+/// page. Other blocks are staged in one request (`staging_request_bytes`).
 pub fn write_staging_bytes(block: usize, fixed: bool) -> usize {
     match fixed && block.is_multiple_of(DIRECT_ALIGN) {
         true => DIRECT_ALIGN,

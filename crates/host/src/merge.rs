@@ -34,7 +34,7 @@
 //! views, but its views point at the strings where they lie. A device's
 //! batch arrives with every buffer slicing the one allocation its message
 //! came in, so before its first rows are interleaved, the batch's string
-//! bytes are copied out ([`with_own_string_bytes`]); otherwise the output
+//! bytes are copied out (`with_own_string_bytes`); otherwise the output
 //! would keep whole messages alive, every column of them, as long as it
 //! lives (a sorted lineitem SF1 collected on the host: 4.3 GiB peak
 //! resident memory instead of 3.1 GiB).

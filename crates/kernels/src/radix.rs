@@ -15,7 +15,7 @@
 //!
 //! An order of wide keys (5 to 8 bytes of range, rows numbered) packs each
 //! key's next 32 bits and its row into one word at the top level, and the
-//! levels below move those words alone ([`packed`]).
+//! levels below move those words alone (`packed`).
 //!
 //! Keys are unsigned integers whose numeric order is the wanted order; the
 //! callers in [`crate::argsort`] produce them with order-preserving bit
