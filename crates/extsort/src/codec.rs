@@ -19,15 +19,15 @@
 //! sample of the input and picks the one with the least predicted time
 //! (often none). OUT is never compressed.
 //!
-//! On two cores the cores, not the storage, are what a codec runs out
-//! of. The 8 GB sort (`--mem 2048MiB`, `--run-codec lz4`, page cache
+//! On two cores a codec runs out of CPU before the storage runs out of
+//! bandwidth. The 8 GB sort (`--mem 2048MiB`, `--run-codec lz4`, page cache
 //! dropped) spent 12.47 s of a 14.56 s sort phase in its run writer,
 //! gathering and compressing, where plain runs' sort phase took
 //! 8.61-10.66 s (`bench/extsort.sh 80000000 2048 3`). A codec that stores
 //! each record position's bytes as bit-packed ranks in that position's
 //! alphabet (the distinct bytes a frame holds there) shrank ASCII
-//! TeraSort records 2.69-2.73x, as much as LZ4, but packed at 0.3-0.9
-//! GB/s and unpacked at 0.6-0.8 GB/s per thread in scalar code, slower to
+//! TeraSort records 2.69-2.73x, as much as LZ4, but packed at 0.2-0.9
+//! GB/s and unpacked at 0.4-0.8 GB/s per thread in scalar code, slower to
 //! unpack than LZ4 and not fast enough to pack to pay; it was not kept.
 //!
 //! The sort keeps each run's frame lengths in memory, so a reader knows
