@@ -1,8 +1,9 @@
 //! Partition files and their explicit format descriptors.
 //!
 //! A partition is written once, to a temporary name, fsynced and renamed
-//! into place; its [`FormatDescriptor`](insitu_wire::FormatDescriptor) is built from what was written and
-//! recorded in the device manifest, which is itself replaced atomically.
+//! into place; its [`FormatDescriptor`](insitu_wire::FormatDescriptor) is
+//! built from what was written and recorded in the device manifest, which
+//! is itself replaced atomically.
 //! Nothing here knows about queries.
 
 mod atomic;
