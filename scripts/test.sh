@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # The test command: formatting, lints, doc links, then every test of the
-# workspace in release mode (the same build the CLI uses). INSITU_SLOW_TESTS=1 adds the
-# slower TPC-H SF 0.1 tier, the load test of device servers, and every
-# benchmark run once at a tiny size (the end-to-end ones need python3 to
-# make bench/.venv with the pinned competitors).
+# workspace in release mode (the same build the CLI uses).
+# INSITU_SLOW_TESTS=1 adds the slower TPC-H SF 0.1 tier, the load test of
+# device servers, and every benchmark run once at a tiny size (the
+# end-to-end ones need python3 to make bench/.venv with the pinned
+# competitors).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/insitu-target}"
