@@ -90,6 +90,8 @@ def insitu_run(args, inp, out, tmp, codec="auto"):
     stolen = cpu_stolen_secs()
     secs, text = timed([args.insitu, "extsort", inp, out, "--mem", f"{args.mem_mib}MiB", "--tmp", tmp,
                         "--run-codec", codec])
+    if stolen is not None:
+        stolen = cpu_stolen_secs() - stolen
     phases = {}
     for row in re.finditer(r"^\| (sort|merge)[^|]*\| ([\d.]+) \| ([\d.]+) \|$", text, re.M):
         phases[row.group(1)] = (float(row.group(2)), float(row.group(3)))
@@ -99,8 +101,6 @@ def insitu_run(args, inp, out, tmp, codec="auto"):
     memory = "\n".join(re.findall(r"^memory: .*$", text, re.M))
     # Where each phase's time went: waits for storage, and its own work.
     times = re.findall(r"^time: (.*)$", text, re.M)
-    if stolen is not None:
-        stolen = cpu_stolen_secs() - stolen
     return {
         "stolen_secs": stolen,
         "secs": secs,

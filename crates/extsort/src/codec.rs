@@ -15,9 +15,10 @@
 //!
 //! Runs are written once and read once, so every byte kept off the
 //! storage is a byte neither written nor read: on storage that writes
-//! slower than the cores compress, a codec shortens the sort phase. The planner ([`crate::model`]) measures each codec on a
-//! sample of the input and picks the one with the least predicted time
-//! (often none). OUT is never compressed.
+//! slower than the cores compress, a codec shortens the sort phase. The
+//! planner ([`crate::model`]) measures each codec on a sample of the
+//! input and picks the one with the least predicted time (often none).
+//! OUT is never compressed.
 //!
 //! On two cores a codec runs out of CPU before the storage runs out of
 //! bandwidth. The 8 GB sort (`--mem 2048MiB`, `--run-codec lz4`, page cache

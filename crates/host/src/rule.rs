@@ -16,8 +16,8 @@
 //! repartitions between it and the device scan), filters/projections
 //! directly above a device scan, and sorts (with their top-k fetch)
 //! directly above a device scan, merged on the host by a [`DeviceMergeExec`]
-//! (see `fold_sort` and `device_merge`). Repartitions are dropped: a device spreads
-//! its own work over its threads. A fold happens only if the grown stage
+//! (see `fold_sort` and `device_merge`). Repartitions are dropped: a
+//! device spreads its own work over its threads. A fold happens only if the grown stage
 //! encodes and decodes and every device holding the table advertises the
 //! operators it adds, so a device never receives a plan it cannot run.
 
