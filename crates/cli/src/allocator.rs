@@ -1,38 +1,37 @@
-//! The process's allocator: mimalloc for queries and everything else,
-//! glibc's for `extsort`, each tuned. [`ProcessAllocator`] (inside the
-//! extsort heap meter, the binary's `#[global_allocator]`) passes every
-//! call to the one chosen at the process's first allocation.
+//! The process's allocator: glibc's, tuned, for every command; mimalloc
+//! when asked for. [`ProcessAllocator`] (inside the extsort heap meter,
+//! the binary's `#[global_allocator]`) passes every call to the one chosen
+//! at the process's first allocation.
 //!
 //! ```text
-//!  first allocation ─▶ INSITU_ALLOCATOR=system? ──yes──▶ glibc's malloc
+//!  first allocation ─▶ INSITU_ALLOCATOR=mimalloc? ──yes──▶ mimalloc
 //!                                 │ no
-//!                                 └──────────────────▶ mimalloc
+//!                                 └────────────────────▶ glibc's malloc
 //!  main ─▶ tune(): what does the process want?
-//!     mimalloc (not extsort) ─▶ purge_delay = -1: freed memory stays
-//!                               committed for the next query
-//!     glibc (extsort, or INSITU_ALLOCATOR=system) ─▶ not on it yet, or
-//!       GLIBC_TUNABLES not set: exec /proc/self/exe, same arguments,
-//!       INSITU_ALLOCATOR=system, GLIBC_TUNABLES=tunables() (unless the
-//!       user tuned glibc: MALLOC_* or GLIBC_TUNABLES set)
+//!     mimalloc (INSITU_ALLOCATOR=mimalloc) ─▶ purge_delay = -1: freed
+//!                               memory stays committed for the next query
+//!     glibc ─▶ GLIBC_TUNABLES not set: exec /proc/self/exe, same
+//!       arguments, GLIBC_TUNABLES=tunables() (unless the user tuned
+//!       glibc: MALLOC_* or GLIBC_TUNABLES set)
 //!         └─▶ start (marker set): drop the variables it added, run
 //! ```
 //!
-//! Why mimalloc for queries: ORDER BY over lineitem SF1 on 2 devices
-//! (`insitu bench sql "select * from lineitem order by K" --runs 5`,
-//! alternating invocations, medians) ran faster under mimalloc than under
-//! glibc tuned as below: by l_partkey 1.68-1.98 s against 2.09-2.19 s, by
-//! l_shipinstruct 1.50-1.66 s against 1.66-1.73 s (three invocations each),
-//! by l_extendedprice 1.79 and 1.95 s against 2.15 and 2.15 s, with 23.3
-//! and 25.6 s of CPU for the whole invocation against 25.5 and 26.8 s
-//! (`perf stat -e task-clock`). mimalloc's default purge delay decommits
-//! freed batches and each query pays page faults again (by l_partkey
-//! 2.21-3.06 s), hence `purge_delay = -1` unless `MIMALLOC_PURGE_DELAY` is
-//! set. Transparent huge pages, which mimalloc leaves on, are kept: a
-//! sort's gathers read rows at random from hundreds of megabytes, and
-//! with 4 KiB pages nearly every read also misses the TLB (by l_partkey
-//! 1.49-1.80 s against 1.77-2.36 s with `MIMALLOC_ALLOW_THP=0`).
+//! Why glibc for queries: its one arena serves the host's and every
+//! embedded device's threads, so memory one thread frees another reuses,
+//! and the process holds about what its operators hold. mimalloc keeps
+//! a heap per thread; with four devices of two threads and the host's,
+//! TPC-H at SF1 on 4 devices peaked at 2 to 3 times the resident memory
+//! and ran no faster (`insitu bench sql Q --runs 5`, medians, mimalloc
+//! against glibc tuned as below): Q1 0.535 s / 504 MiB against 0.547 s /
+//! 206 MiB, Q9 0.774 s / 848 MiB against 0.699 s / 399 MiB, Q18 1.113 s /
+//! 1075 MiB against 1.004 s / 609 MiB, Q21 0.860 s / 911 MiB against
+//! 0.782 s / 381 MiB. ORDER BY over all of lineitem SF1 took the same
+//! time (by l_partkey 1.578 and 1.610 s against 1.516 and 1.679 s, by
+//! l_shipinstruct 1.096 and 1.027 s against 1.082 and 1.142 s) in 3.6
+//! GiB against 2.7-2.9 GiB. mimalloc's default purge delay lowers its
+//! peaks less (Q18 833 MiB) and costs page faults again on every query.
 //!
-//! Why glibc for `extsort`, whose memory must stay within `--mem`: the
+//! `extsort`, whose memory must stay within `--mem`, needs glibc: the
 //! kernels' huge-page advice stays on memory mimalloc reuses for small
 //! blocks, so an 8 MiB sort held 33-43 MiB besides its heap under
 //! mimalloc (at most 1.56 MiB under glibc), and turning huge pages off for
@@ -67,8 +66,8 @@ use std::sync::OnceLock;
 use libmimalloc_sys::{mi_option_get, mi_option_set, mi_option_t};
 use mimalloc::MiMalloc;
 
-/// The variable that chooses the allocator: `mimalloc` (the default but
-/// for `extsort`) or `system` (glibc's).
+/// The variable that chooses the allocator: `system` (glibc's, the
+/// default) or `mimalloc`.
 pub const ALLOCATOR_VAR: &str = "INSITU_ALLOCATOR";
 
 /// [`ALLOCATOR_VAR`] as the C string `getenv` takes.
@@ -105,12 +104,12 @@ fn decide() -> Kind {
     // the process has one thread. The name is NUL-terminated.
     let value = unsafe { libc::getenv(ALLOCATOR_VAR_C.as_ptr()) };
     // SAFETY: a non-null getenv result is a NUL-terminated string.
-    let system =
-        !value.is_null() && unsafe { std::ffi::CStr::from_ptr(value) }.to_bytes() == b"system";
+    let mimalloc =
+        !value.is_null() && unsafe { std::ffi::CStr::from_ptr(value) }.to_bytes() == b"mimalloc";
     // Threads racing here read the same variable and store the same value.
-    let (code, kind) = match system {
-        true => (SYSTEM, Kind::System),
-        false => (MIMALLOC, Kind::Mimalloc),
+    let (code, kind) = match mimalloc {
+        true => (MIMALLOC, Kind::Mimalloc),
+        false => (SYSTEM, Kind::System),
     };
     KIND.store(code, Relaxed);
     kind
@@ -229,25 +228,19 @@ pub fn describe() -> String {
     }
 }
 
-/// The allocator the command line asks for: [`ALLOCATOR_VAR`] if set,
-/// else glibc's for `extsort` and mimalloc for the rest.
+/// The allocator the environment asks for: [`ALLOCATOR_VAR`] if set,
+/// else glibc's.
 fn wanted_kind() -> Result<Kind, String> {
-    if let Some(value) = std::env::var_os(ALLOCATOR_VAR) {
-        return match value.to_str() {
+    match std::env::var_os(ALLOCATOR_VAR) {
+        None => Ok(Kind::System),
+        Some(value) => match value.to_str() {
             Some("mimalloc") => Ok(Kind::Mimalloc),
             Some("system") => Ok(Kind::System),
             _ => Err(format!(
                 "{ALLOCATOR_VAR} must be mimalloc or system, not {value:?}"
             )),
-        };
+        },
     }
-    let command = std::env::args_os()
-        .skip(1)
-        .find(|a| !a.to_string_lossy().starts_with('-'));
-    Ok(match command.as_deref().and_then(|c| c.to_str()) {
-        Some("extsort") => Kind::System,
-        _ => Kind::Mimalloc,
-    })
 }
 
 /// mimalloc keeps freed memory committed unless the user set a delay.
@@ -270,9 +263,6 @@ fn keep_freed_memory() {
 /// (the user's, if they set any); returns if it cannot.
 fn switch_to_tuned_glibc() {
     let mut added: Vec<(&str, String)> = vec![];
-    if kind() != Kind::System {
-        added.push((ALLOCATOR_VAR, "system".into()));
-    }
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     if !user_tuned_glibc() {
         added.push(("GLIBC_TUNABLES", tunables()));

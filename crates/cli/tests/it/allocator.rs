@@ -1,6 +1,7 @@
-//! The binary's allocator: mimalloc keeping freed memory for queries,
-//! glibc's (re-executed once with insitu's tunables) for `extsort`; the
-//! process logs which at debug level when it starts.
+//! The binary's allocator: glibc's, re-executed once with insitu's
+//! tunables, for every command; mimalloc keeping freed memory when
+//! `INSITU_ALLOCATOR=mimalloc`; the process logs which at debug level
+//! when it starts.
 
 #![cfg(all(target_os = "linux", target_env = "gnu"))]
 
@@ -43,8 +44,20 @@ fn sql_select_one(env: &[(&str, &str)]) -> (bool, String) {
 }
 
 #[test]
-fn queries_run_on_mimalloc_keeping_freed_memory() {
+fn queries_run_on_tuned_glibc() {
     let (ok, stderr) = sql_select_one(&[]);
+    assert!(ok, "{stderr}");
+    let line = allocator_line(&stderr);
+    assert!(line.contains("system (glibc)"), "{line}");
+    assert!(
+        line.contains("GLIBC_TUNABLES=glibc.malloc.hugetlb=1"),
+        "{line}"
+    );
+}
+
+#[test]
+fn mimalloc_when_asked_keeps_freed_memory() {
+    let (ok, stderr) = sql_select_one(&[("INSITU_ALLOCATOR", "mimalloc")]);
     assert!(ok, "{stderr}");
     let line = allocator_line(&stderr);
     assert!(
@@ -57,7 +70,11 @@ fn queries_run_on_mimalloc_keeping_freed_memory() {
 /// and a delay the user set stays.
 #[test]
 fn a_purge_delay_the_user_set_is_kept() {
-    let (ok, stderr) = sql_select_one(&[("MIMALLOC_PURGE_DELAY", "4321")]);
+    let env = [
+        ("INSITU_ALLOCATOR", "mimalloc"),
+        ("MIMALLOC_PURGE_DELAY", "4321"),
+    ];
+    let (ok, stderr) = sql_select_one(&env);
     assert!(ok, "{stderr}");
     let line = allocator_line(&stderr);
     assert!(
@@ -76,7 +93,7 @@ fn extsort_runs_on_glibc_with_insitu_tunables() {
     assert!(!ok, "{stderr}");
     let line = allocator_line(&stderr);
     assert!(line.contains("system (glibc)"), "{line}");
-    assert!(line.contains("INSITU_ALLOCATOR=system"), "{line}");
+    assert!(!line.contains("INSITU_ALLOCATOR="), "{line}");
     for want in ["hugetlb=1", "arena_max=1", "mmap_threshold=33554432"] {
         assert!(
             line.contains(&format!("glibc.malloc.{want}")),
@@ -96,9 +113,10 @@ fn a_glibc_the_user_tuned_is_left_as_it_is() {
             &[(k, v)],
         );
         let line = allocator_line(&stderr);
-        assert!(line.contains("system (glibc)"), "{k}: {line}");
-        assert!(line.contains("INSITU_ALLOCATOR=system"), "{k}: {line}");
-        assert!(!line.contains("GLIBC_TUNABLES"), "{k}: {line}");
+        assert!(
+            line.contains("system (glibc); tuned by the user"),
+            "{k}: {line}"
+        );
     }
     // Already on glibc and tuned by the user: nothing to re-execute for.
     let env = [("INSITU_ALLOCATOR", "system"), ("MALLOC_ARENA_MAX", "4")];
