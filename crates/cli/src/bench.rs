@@ -12,7 +12,8 @@ use insitu_link::LinkProfile;
 use serde::Serialize;
 
 use crate::session::{
-    budget, connect_cluster, gen_tpch_into, gen_tpch_onto, host_with, GenTpch, Target,
+    budget_for, connect_cluster, gen_tpch_into, gen_tpch_onto, host_memory_for, host_with, GenTpch,
+    HostMemorySettings, Target,
 };
 use crate::tpch_queries::{parse_list, query};
 use crate::units::human_bytes;
@@ -31,7 +32,7 @@ pub struct BenchArgs {
     #[arg(long, default_value = "10gbe")]
     pub link: LinkProfile,
     /// Queries to run, e.g. 1,6,14 or all.
-    #[arg(long, default_value = "1,6,14")]
+    #[arg(long, default_value = "all")]
     pub queries: String,
     /// Timed runs per query and mode (after one warm-up run); medians are reported.
     #[arg(long, default_value_t = 3)]
@@ -43,9 +44,13 @@ pub struct BenchArgs {
     /// (default: a per-scale-factor root under the insitu data directory).
     #[arg(long)]
     pub root: Option<PathBuf>,
-    /// Memory budget per device.
-    #[arg(long, default_value = "4GiB", value_parser = crate::units::parse_bytes)]
-    pub mem: usize,
+    /// Memory budget per device [default: 4GiB, scaled down to fit the machine].
+    #[arg(long, value_parser = crate::units::parse_bytes)]
+    pub mem: Option<usize>,
+    /// Memory budget of the host's query operators [default: what 80% of
+    /// the machine's memory leaves beside the devices'].
+    #[arg(long, value_parser = crate::units::parse_bytes)]
+    pub host_mem: Option<usize>,
     /// Worker threads per device.
     #[arg(long, default_value_t = 2)]
     pub threads: usize,
@@ -56,14 +61,19 @@ pub struct BenchArgs {
 }
 
 /// One mode's measurements of one query.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Default, Serialize)]
 pub struct ModeResult {
+    /// Why the mode failed, if it did (its numbers are then zero).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
     pub median_secs: f64,
     pub runs_secs: Vec<f64>,
     pub link_bytes: u64,
     pub device_bytes_read: u64,
     pub device_rows_read: u64,
     pub result_rows: u64,
+    /// The host's and devices' memory peaks and spills of the last run.
+    pub memory: String,
     /// Bytes that crossed the loopback interface during the last run
     /// (device servers on this machine only; includes TCP/IP headers).
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -168,54 +178,68 @@ async fn run_once(host: &InsituHost, sql: &str) -> Result<Run, String> {
     })
 }
 
-/// Runs `queries` in both modes, alternating, `runs` timed runs each.
+/// Runs `queries` in both modes, alternating, `runs` timed runs each. A
+/// query that fails in a mode is recorded as failed and the run goes on.
 pub async fn compare(
     target: &Target,
     link: LinkProfile,
+    memory: &HostMemorySettings,
     queries: &[usize],
     runs: usize,
     mut on_result: impl FnMut(&QueryResult),
 ) -> Result<Vec<QueryResult>, String> {
-    let push = host_with(target.clients(Some(link)).await?, true).await?;
-    let pull = host_with(target.clients(Some(link)).await?, false).await?;
+    let push = host_with(target.clients(Some(link)).await?, true, memory).await?;
+    let pull = host_with(target.clients(Some(link)).await?, false, memory).await?;
     let over_network = matches!(target, Target::Cluster(_));
     let mut results = vec![];
     for &q in queries {
         let sql = query(q).ok_or_else(|| format!("no TPC-H query {q}"))?;
-        let push_rows = run_once(&push, sql)
-            .await
-            .map_err(|e| format!("Q{q} pushdown on: {e}"))?
-            .rows;
-        let pull_rows = run_once(&pull, sql)
-            .await
-            .map_err(|e| format!("Q{q} pushdown off: {e}"))?
-            .rows;
-        let (mut push_runs, mut pull_runs) = (vec![], vec![]);
-        for _ in 0..runs.max(1) {
-            push_runs.push(run_once(&push, sql).await?);
-            pull_runs.push(run_once(&pull, sql).await?);
+        let (mut push_runs, mut pull_runs) = (Ok(vec![]), Ok(vec![]));
+        // One warm-up run each, then the timed runs, modes taking turns.
+        for i in 0..=runs.max(1) {
+            for (host, runs) in [(&push, &mut push_runs), (&pull, &mut pull_runs)] {
+                if let Ok(list) = runs {
+                    match run_once(host, sql).await {
+                        Ok(run) if i > 0 => list.push(run),
+                        Ok(_) => {}
+                        Err(e) => *runs = Err(e),
+                    }
+                }
+            }
         }
-        let summarize = |runs: &[Run]| {
-            let times: Vec<f64> = runs.iter().map(|r| r.stats.wall_secs).collect();
-            let last = runs.last().expect("at least one run");
-            ModeResult {
-                median_secs: median(&times),
-                runs_secs: times,
-                link_bytes: last.stats.link_bytes(),
-                device_bytes_read: last.stats.device_bytes_read,
-                device_rows_read: last.stats.device_rows_read,
-                result_rows: last.stats.result_rows,
-                loopback_bytes: last.loopback_bytes.filter(|_| over_network),
+        let summarize = |runs: &Result<Vec<Run>, String>| match runs {
+            Err(e) => ModeResult {
+                error: Some(e.clone()),
+                ..Default::default()
+            },
+            Ok(runs) => {
+                let times: Vec<f64> = runs.iter().map(|r| r.stats.wall_secs).collect();
+                let last = runs.last().expect("at least one run");
+                ModeResult {
+                    error: None,
+                    median_secs: median(&times),
+                    runs_secs: times,
+                    link_bytes: last.stats.link_bytes(),
+                    device_bytes_read: last.stats.device_bytes_read,
+                    device_rows_read: last.stats.device_rows_read,
+                    result_rows: last.stats.result_rows,
+                    memory: last.stats.memory_summary(),
+                    loopback_bytes: last.loopback_bytes.filter(|_| over_network),
+                }
             }
         };
         let (p, l) = (summarize(&push_runs), summarize(&pull_runs));
+        let answers_match = match (&push_runs, &pull_runs) {
+            (Ok(a), Ok(b)) => a.last().map(|r| &r.rows) == b.last().map(|r| &r.rows),
+            _ => false,
+        };
         let result = QueryResult {
             query: q,
             speedup: l.median_secs / p.median_secs,
             link_reduction: l.link_bytes as f64 / p.link_bytes.max(1) as f64,
             push: p,
             pull: l,
-            answers_match: push_rows == pull_rows,
+            answers_match,
         };
         on_result(&result);
         results.push(result);
@@ -229,6 +253,19 @@ pub fn markdown_table(results: &[QueryResult]) -> String {
          |---|---:|---:|---:|---:|---:|---:|---:|---:|---|\n",
     );
     for r in results {
+        if let Some(e) = r.push.error.as_ref().or(r.pull.error.as_ref()) {
+            let which = if r.push.error.is_some() {
+                "push"
+            } else {
+                "pull"
+            };
+            md.push_str(&format!(
+                "| Q{} | failed ({which}): {} | | | | | | | | NO |\n",
+                r.query,
+                e.replace('|', "/").replace('\n', " ")
+            ));
+            continue;
+        }
         md.push_str(&format!(
             "| Q{} | {:.3} | {:.3} | {:.2}x | {} | {} | {} | {} | {} | {} |\n",
             r.query,
@@ -255,7 +292,7 @@ pub fn tpch_devices(
 ) -> Result<Vec<Arc<Device>>, String> {
     let existing = device_count(root).map_err(|e| e.to_string())?;
     if existing == Some(devices) {
-        let devs = open_root(root, &budget(args)).map_err(|e| e.to_string())?;
+        let devs = open_root(root, &budget_for(args, devices)?).map_err(|e| e.to_string())?;
         if devs
             .iter()
             .all(|d| d.manifest().tables.contains_key("lineitem"))
@@ -268,7 +305,11 @@ pub fn tpch_devices(
         "generating TPC-H SF {sf} on {devices} devices under {}",
         root.display()
     );
-    gen_tpch_into(root, &budget(args), &GenTpch::parquet(sf, devices))
+    gen_tpch_into(
+        root,
+        &budget_for(args, devices)?,
+        &GenTpch::parquet(sf, devices),
+    )
 }
 
 /// TPC-H orders rows per unit of scale factor (dbgen's count, exact).
@@ -323,50 +364,41 @@ pub async fn tpch_cluster(path: &std::path::Path, sf: f64) -> Result<Target, Str
 
 pub async fn run(a: BenchArgs) -> Result<(), String> {
     let queries = parse_list(&a.queries)?;
-    if let Some(cluster) = &a.cluster {
-        let target = tpch_cluster(cluster, a.sf).await?;
-        let devices = match &target {
-            Target::Cluster(p) => insitu_flight::ClusterFile::load(p)
-                .map_err(|e| e.to_string())?
-                .devices
-                .len() as u32,
-            Target::Embedded(d) => d.len() as u32,
-        };
-        return report(
-            &a,
-            &queries,
-            &target,
-            devices,
-            &cluster.display().to_string(),
-        )
-        .await;
-    }
     let root = a.root.clone().unwrap_or_else(|| {
         crate::session::default_root()
             .with_file_name(format!("bench-tpch-sf{}-{}dev", a.sf, a.devices))
     });
     let dargs = DeviceArgs {
         root: root.clone(),
-        cluster: None,
+        cluster: a.cluster.clone(),
         mem: a.mem,
+        host_mem: a.host_mem,
         threads: a.threads,
     };
-    let devices = tpch_devices(&root, &dargs, a.sf, a.devices)?;
-    let target = Target::Embedded(devices);
-    report(
-        &a,
-        &queries,
-        &target,
-        a.devices,
-        &root.display().to_string(),
-    )
-    .await
+    let (target, devices, location) = match &a.cluster {
+        Some(cluster) => {
+            let target = tpch_cluster(cluster, a.sf).await?;
+            let devices = insitu_flight::ClusterFile::load(cluster)
+                .map_err(|e| e.to_string())?
+                .devices
+                .len() as u32;
+            (target, devices, cluster.display().to_string())
+        }
+        None => {
+            let devices = tpch_devices(&root, &dargs, a.sf, a.devices)?;
+            let location = root.display().to_string();
+            (Target::Embedded(devices), a.devices, location)
+        }
+    };
+    let memory = host_memory_for(&dargs, &target).await?;
+    report(&a, &queries, &target, &memory, devices, &location).await
 }
 
 async fn report(
     a: &BenchArgs,
     queries: &[usize],
     target: &Target,
+    memory: &HostMemorySettings,
     devices: u32,
     location: &str,
 ) -> Result<(), String> {
@@ -378,7 +410,11 @@ async fn report(
         "link {} | {devices} {transport} devices | {} timed runs per query and mode",
         a.link, a.runs
     );
-    let results = compare(target, a.link, queries, a.runs, |r| {
+    let results = compare(target, a.link, memory, queries, a.runs, |r| {
+        if let Some(e) = r.push.error.as_ref().or(r.pull.error.as_ref()) {
+            eprintln!("Q{:<2} failed: {e}", r.query);
+            return;
+        }
         eprintln!(
             "Q{:<2} push {:.3}s pull {:.3}s speedup {:.2}x link {} vs {}",
             r.query,
@@ -466,10 +502,18 @@ fn percentile(sorted: &[f64], p: f64) -> f64 {
 pub async fn load(a: LoadArgs) -> Result<(), String> {
     let queries = parse_list(&a.queries)?;
     let target = Target::Cluster(a.cluster.clone());
+    let dargs = DeviceArgs {
+        root: crate::session::default_root(),
+        cluster: Some(a.cluster.clone()),
+        mem: None,
+        host_mem: None,
+        threads: 1,
+    };
+    let memory = host_memory_for(&dargs, &target).await?;
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs_f64(a.secs);
     let mut tasks = vec![];
     for client in 0..a.clients.max(1) {
-        let host = host_with(target.clients(None).await?, true).await?;
+        let host = host_with(target.clients(None).await?, true, &memory).await?;
         let queries = queries.clone();
         tasks.push(tokio::spawn(async move {
             let (mut latencies, mut errors) = (vec![], vec![]);
@@ -547,6 +591,15 @@ pub async fn load(a: LoadArgs) -> Result<(), String> {
     Ok(())
 }
 
+/// The budgets of the devices in this process.
+fn embedded_budgets(host: &InsituHost) -> u64 {
+    host.clients()
+        .iter()
+        .filter(|c| c.in_process())
+        .map(|c| c.capabilities().mem_bytes_max)
+        .sum()
+}
+
 #[derive(Args, Debug)]
 pub struct SqlBenchArgs {
     /// The query.
@@ -576,6 +629,11 @@ struct SqlBenchResult {
     /// The process's peak resident memory over the warm-up and all runs
     /// (host, devices and results together: embedded devices share it).
     peak_rss_bytes: u64,
+    /// The budgets this process holds: the host's and its embedded
+    /// devices' (device servers hold theirs in their own processes).
+    budgets_bytes: u64,
+    /// The last run's memory peaks and spills.
+    memory: String,
 }
 
 pub async fn sql(a: SqlBenchArgs) -> Result<(), String> {
@@ -603,6 +661,8 @@ pub async fn sql(a: SqlBenchArgs) -> Result<(), String> {
         runs_secs: runs,
         link_bytes_to_host: last.link_bytes_to_host,
         peak_rss_bytes: insitu_extsort::io::peak_rss_bytes(),
+        budgets_bytes: host.memory().budget() as u64 + embedded_budgets(&host),
+        memory: last.memory_summary(),
     };
     println!(
         "{}",

@@ -113,9 +113,16 @@ pub struct DeviceArgs {
     /// over Arrow Flight.
     #[arg(long, env = "INSITU_CLUSTER", conflicts_with = "root")]
     pub cluster: Option<PathBuf>,
-    /// Memory budget per device (mem_bytes_max), e.g. 4GiB.
-    #[arg(long, default_value = "4GiB", value_parser = units::parse_bytes)]
-    pub mem: usize,
+    /// Memory budget per device (mem_bytes_max), e.g. 4GiB [default: the
+    /// root's device_mem, else 4GiB, scaled down to fit the machine]
+    #[arg(long, value_parser = units::parse_bytes)]
+    pub mem: Option<usize>,
+    /// Memory budget of the host's query operators (host_mem_bytes_max):
+    /// past it they spill, e.g. 8GiB [default: the root's or cluster's
+    /// host_mem, else what 80% of the machine's memory leaves beside the
+    /// devices' budgets]
+    #[arg(long, value_parser = units::parse_bytes)]
+    pub host_mem: Option<usize>,
     /// Worker threads per device.
     #[arg(long, default_value_t = 2)]
     pub threads: usize,
@@ -245,6 +252,10 @@ pub struct DemoArgs {
     /// Run on the device servers of this cluster file instead of embedded devices.
     #[arg(long)]
     pub cluster: Option<PathBuf>,
+    /// Memory budget of the host's query operators (host_mem_bytes_max)
+    /// [default: what 80% of the machine's memory leaves beside the devices']
+    #[arg(long, value_parser = units::parse_bytes)]
+    pub host_mem: Option<usize>,
 }
 
 /// mimalloc or glibc's allocator (chosen and tuned in `allocator`),

@@ -26,9 +26,10 @@ pub struct ServeArgs {
     /// Address for Arrow Flight. Loopback unless told otherwise.
     #[arg(long, default_value = "127.0.0.1:7001")]
     pub listen: SocketAddr,
-    /// Memory budget of query execution (mem_bytes_max), e.g. 4GiB.
-    #[arg(long, default_value = "4GiB", value_parser = crate::units::parse_bytes)]
-    pub mem: usize,
+    /// Memory budget of query execution (mem_bytes_max), e.g. 4GiB
+    /// [default: 4GiB, scaled down to fit 80% of the machine's memory]
+    #[arg(long, value_parser = crate::units::parse_bytes)]
+    pub mem: Option<usize>,
     /// Worker threads of the device runtime.
     #[arg(long, default_value_t = 2)]
     pub threads: usize,
@@ -103,8 +104,9 @@ pub async fn serve(a: ServeArgs) -> Result<(), String> {
     if !operators.contains(&Operator::Scan) {
         return Err("--operators must include scan".into());
     }
+    let mem = servers_budget(a.mem, 1);
     let config = DeviceConfig {
-        mem_bytes_max: a.mem,
+        mem_bytes_max: mem,
         threads: a.threads.max(1),
         operators,
         ..DeviceConfig::new(id)
@@ -146,7 +148,7 @@ pub async fn serve(a: ServeArgs) -> Result<(), String> {
     eprintln!(
         "device {id} ({}) serving Arrow Flight on {addr}{metrics}; mem {} threads {}",
         a.dir.display(),
-        human_bytes(a.mem as u64),
+        human_bytes(mem as u64),
         a.threads
     );
     tracing::info!(device = id, %addr, "listening");
@@ -171,9 +173,10 @@ pub struct ClusterUpArgs {
     /// embedded root works too) and the cluster file.
     #[arg(long)]
     pub root: PathBuf,
-    /// Memory budget per device.
-    #[arg(long, default_value = "4GiB", value_parser = crate::units::parse_bytes)]
-    pub mem: usize,
+    /// Memory budget per device [default: 4GiB, scaled down so that the
+    /// devices and a host fit in 80% of the machine's memory].
+    #[arg(long, value_parser = crate::units::parse_bytes)]
+    pub mem: Option<usize>,
     /// Worker threads per device.
     #[arg(long, default_value_t = 2)]
     pub threads: usize,
@@ -189,6 +192,23 @@ pub struct ClusterUpArgs {
     /// Operators every device runs and advertises (default: all).
     #[arg(long)]
     pub operators: Option<String>,
+}
+
+/// The budget of each of `servers` device servers on this machine: `mem`
+/// if given, else the default fitted beside them and a host (see
+/// `insitu_host::budget`); prints the plan's note.
+fn servers_budget(mem: Option<usize>, servers: u32) -> usize {
+    use insitu_host::budget::{machine_memory_bytes, plan_budgets, BudgetRequest};
+    let request = BudgetRequest {
+        device: mem,
+        embedded_devices: servers,
+        ..Default::default()
+    };
+    let plan = plan_budgets(&request, machine_memory_bytes().unwrap_or(u64::MAX / 2));
+    if let (Some(note), None) = (&plan.note, mem) {
+        eprintln!("{note}");
+    }
+    plan.device
 }
 
 /// Seconds `cluster up` waits for every server to listen.
@@ -256,8 +276,9 @@ pub fn cluster_up(a: ClusterUpArgs) -> Result<(), String> {
         }
         _ => a.devices,
     };
+    let mem = servers_budget(a.mem, devices);
     let budget = DeviceBudget {
-        mem_bytes_max: a.mem,
+        mem_bytes_max: mem,
         threads: a.threads.max(1),
     };
     drop(create_root(&a.root, devices, &budget).map_err(|e| e.to_string())?);
@@ -284,7 +305,7 @@ pub fn cluster_up(a: ClusterUpArgs) -> Result<(), String> {
             .args(["--listen", &format!("127.0.0.1:{port}")])
             .args([
                 "--mem",
-                &a.mem.to_string(),
+                &mem.to_string(),
                 "--threads",
                 &a.threads.to_string(),
             ])
@@ -350,7 +371,10 @@ pub fn cluster_up(a: ClusterUpArgs) -> Result<(), String> {
             dir: Some(dir.strip_prefix(&a.root).unwrap_or(dir).to_path_buf()),
         });
     }
-    let file = ClusterFile { devices: entries };
+    let file = ClusterFile {
+        devices: entries,
+        host: None,
+    };
     file.store(&cluster_path).map_err(|e| e.to_string())?;
     for d in &file.devices {
         eprintln!(

@@ -5,9 +5,10 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use indicatif::{ProgressBar, ProgressStyle};
-use insitu_device::root::{create_root, open_root, DeviceBudget};
+use insitu_device::root::{create_root, device_count, open_root, root_settings, DeviceBudget};
 use insitu_device::Device;
-use insitu_flight::FlightDeviceClient;
+use insitu_flight::{ClusterFile, FlightDeviceClient};
+use insitu_host::budget::{machine_memory_bytes, plan_budgets, BudgetRequest, Budgets};
 use insitu_host::{embedded_clients, DeviceClient, HostConfig, InsituHost, Pushdown, QueryStats};
 use insitu_ingest::{
     gen_tpch as ingest_tpch, load_files, LayoutChoice, LoadOptions, PartitionSink, TpchOptions,
@@ -36,11 +37,55 @@ pub fn default_demo_root(sf: f64, devices: u32) -> PathBuf {
     data_home().join(format!("demo-tpch-sf{sf}-{devices}dev"))
 }
 
-pub fn budget(args: &DeviceArgs) -> DeviceBudget {
-    DeviceBudget {
-        mem_bytes_max: args.mem,
-        threads: args.threads.max(1),
+/// Budgets for a command over `embedded_devices` devices in this process
+/// (and device servers on this machine holding `local_servers_bytes`):
+/// the flags, else the root's settings, else defaults fitted to this
+/// machine. Prints the plan's note, once per process.
+pub fn plan_memory(
+    args: &DeviceArgs,
+    embedded_devices: u32,
+    local_servers_bytes: u64,
+) -> Result<Budgets, String> {
+    let settings = match &args.cluster {
+        Some(_) => Default::default(),
+        None => root_settings(&args.root).map_err(|e| e.to_string())?,
+    };
+    let cluster_host_mem = match &args.cluster {
+        Some(path) => ClusterFile::load(path)
+            .map_err(|e| e.to_string())?
+            .host_mem(),
+        None => None,
+    };
+    let request = BudgetRequest {
+        host: args.host_mem.or(settings.host_mem).or(cluster_host_mem),
+        device: args.mem.or(settings.device_mem),
+        embedded_devices,
+        local_servers_bytes,
+    };
+    // A machine whose memory cannot be read gets the defaults as they are.
+    let machine = machine_memory_bytes().unwrap_or(u64::MAX / 2);
+    let budgets = plan_budgets(&request, machine);
+    if let Some(note) = &budgets.note {
+        static NOTED: std::sync::Once = std::sync::Once::new();
+        NOTED.call_once(|| eprintln!("{note}"));
     }
+    Ok(budgets)
+}
+
+/// The device budget of `args` for a root of `devices` devices.
+pub fn budget_for(args: &DeviceArgs, devices: u32) -> Result<DeviceBudget, String> {
+    Ok(DeviceBudget {
+        mem_bytes_max: plan_memory(args, devices, 0)?.device,
+        threads: args.threads.max(1),
+    })
+}
+
+/// The device budget of `args` for the root it names (which must exist).
+pub fn budget(args: &DeviceArgs) -> Result<DeviceBudget, String> {
+    let devices = device_count(&args.root)
+        .map_err(|e| e.to_string())?
+        .unwrap_or(1);
+    budget_for(args, devices)
 }
 
 fn progress_bar(total: u64, what: &str) -> ProgressBar {
@@ -137,7 +182,8 @@ pub async fn gen_tpch(args: &DeviceArgs, gen: GenTpch) -> Result<(), String> {
         eprintln!("TPC-H SF {sf} on the {n} devices of {}", cluster.display());
         return Ok(());
     }
-    let (root, budget, devices) = (args.root.clone(), budget(args), gen.devices);
+    let (root, devices) = (args.root.clone(), gen.devices);
+    let budget = budget_for(args, devices)?;
     blocking(move || gen_tpch_into(&root, &budget, &gen).map(drop)).await?;
     eprintln!(
         "TPC-H SF {sf} on {devices} devices under {}",
@@ -164,7 +210,7 @@ pub async fn load(
         let clients = connect_cluster(cluster, None).await?;
         blocking(move || load_onto(&clients, &table, &options, &files)).await?
     } else {
-        let (root, budget) = (args.root.clone(), budget(args));
+        let (root, budget) = (args.root.clone(), budget_for(args, devices)?);
         blocking(move || {
             let devs = create_root(&root, devices, &budget).map_err(|e| e.to_string())?;
             load_onto(&devs, &table, &options, &files)
@@ -209,7 +255,7 @@ impl Target {
         match &args.cluster {
             Some(c) => Ok(Target::Cluster(c.clone())),
             None => Ok(Target::Embedded(
-                open_root(&args.root, &budget(args)).map_err(|e| e.to_string())?,
+                open_root(&args.root, &budget(args)?).map_err(|e| e.to_string())?,
             )),
         }
     }
@@ -241,13 +287,81 @@ pub async fn open_host(
     link: Option<LinkProfile>,
     pushdown: bool,
 ) -> Result<InsituHost, String> {
-    let clients = Target::of(args)?.clients(link).await?;
-    host_with(clients, pushdown).await
+    let target = Target::of(args)?;
+    let clients = target.clients(link).await?;
+    let memory = HostMemorySettings::of(args, &target, &clients)?;
+    host_with(clients, pushdown, &memory).await
+}
+
+/// The host's budget and spill root for a command.
+#[derive(Debug, Clone)]
+pub struct HostMemorySettings {
+    pub mem_bytes_max: usize,
+    pub spill_root: PathBuf,
+}
+
+impl HostMemorySettings {
+    /// For `target` as `args` name it: embedded devices share the
+    /// machine with the host; so do device servers on loopback.
+    pub fn of(
+        args: &DeviceArgs,
+        target: &Target,
+        clients: &[Arc<dyn DeviceClient>],
+    ) -> Result<Self, String> {
+        match target {
+            Target::Embedded(devices) => Ok(Self {
+                mem_bytes_max: plan_memory(args, devices.len() as u32, 0)?.host,
+                spill_root: args.root.join(insitu_device::root::HOST_SPILL_DIR),
+            }),
+            Target::Cluster(path) => {
+                let file = ClusterFile::load(path).map_err(|e| e.to_string())?;
+                let local: u64 = clients
+                    .iter()
+                    .filter(|c| {
+                        file.devices
+                            .iter()
+                            .any(|d| d.id == c.id() && is_loopback(&d.endpoint))
+                    })
+                    .map(|c| c.capabilities().mem_bytes_max)
+                    .sum();
+                Ok(Self {
+                    mem_bytes_max: plan_memory(args, 0, local)?.host,
+                    spill_root: file.host_spill_root(path),
+                })
+            }
+        }
+    }
+}
+
+/// The host's memory settings for `target`, connecting to a cluster's
+/// servers to read their budgets.
+pub async fn host_memory_for(
+    args: &DeviceArgs,
+    target: &Target,
+) -> Result<HostMemorySettings, String> {
+    let clients = match target {
+        Target::Embedded(_) => vec![],
+        Target::Cluster(_) => target.clients(None).await?,
+    };
+    HostMemorySettings::of(args, target, &clients)
+}
+
+/// Whether an endpoint URL names this machine.
+fn is_loopback(endpoint: &str) -> bool {
+    let rest = endpoint.split_once("://").map_or(endpoint, |(_, r)| r);
+    let host = rest.split(['/', ':']).next().unwrap_or("");
+    let bracketed = rest.starts_with("[::1]");
+    bracketed
+        || host == "localhost"
+        || host
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback())
 }
 
 pub async fn host_with(
     clients: Vec<Arc<dyn DeviceClient>>,
     pushdown: bool,
+    memory: &HostMemorySettings,
 ) -> Result<InsituHost, String> {
     let config = HostConfig {
         pushdown: if pushdown {
@@ -255,6 +369,8 @@ pub async fn host_with(
         } else {
             Pushdown::Off
         },
+        mem_bytes_max: memory.mem_bytes_max,
+        spill_root: memory.spill_root.clone(),
         ..Default::default()
     };
     InsituHost::new(clients, config)
@@ -273,13 +389,14 @@ pub fn stats_footer(stats: &QueryStats, host: &InsituHost) -> String {
         Pushdown::Off => "pushdown off",
     };
     format!(
-        "{} rows in {:.3} s ({mode}, link {link}) | devices read {} rows, {} | link: {} to devices, {} to host",
+        "{} rows in {:.3} s ({mode}, link {link}) | devices read {} rows, {} | link: {} to devices, {} to host | memory: {}",
         stats.result_rows,
         stats.wall_secs,
         stats.device_rows_read,
         human_bytes(stats.device_bytes_read),
         human_bytes(stats.link_bytes_to_device),
         human_bytes(stats.link_bytes_to_host),
+        stats.memory_summary(),
     )
 }
 

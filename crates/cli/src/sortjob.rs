@@ -100,7 +100,8 @@ pub async fn run(a: SortArgs) -> Result<(), String> {
             })
         })
         .collect::<Result<_, String>>()?;
-    let host = crate::session::host_with(clients, true).await?;
+    let memory = crate::session::HostMemorySettings::of(&a.device, &target, &clients)?;
+    let host = crate::session::host_with(clients, true, &memory).await?;
     let info = host
         .tables()
         .get(&a.table)

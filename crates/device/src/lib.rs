@@ -17,11 +17,12 @@ mod sort;
 mod spill;
 mod store;
 
+use std::collections::HashMap;
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::ops::Range;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::Instant;
 
 use arrow::datatypes::SchemaRef;
@@ -31,7 +32,8 @@ use datafusion::common::tree_node::{TreeNode, TreeNodeRecursion};
 use datafusion::execution::memory_pool::{
     GreedyMemoryPool, MemoryConsumer, MemoryPool, TrackConsumersPool,
 };
-use datafusion::execution::runtime_env::RuntimeEnvBuilder;
+use datafusion::execution::runtime_env::{RuntimeEnv, RuntimeEnvBuilder};
+use datafusion::execution::{SessionStateBuilder, TaskContext};
 use datafusion::physical_optimizer::filter_pushdown::FilterPushdown;
 use datafusion::physical_optimizer::PhysicalOptimizerRule;
 use datafusion::physical_plan::coalesce_partitions::CoalescePartitionsExec;
@@ -39,7 +41,7 @@ use datafusion::physical_plan::{ExecutionPlan, ExecutionPlanProperties};
 use datafusion::prelude::{SessionConfig, SessionContext};
 use futures::StreamExt;
 use insitu_format::{load_manifest, store_manifest, PartitionWriter, WriterOptions};
-use insitu_stage::{bind_stage, decode_stage_unbound};
+use insitu_stage::{bind_stage, decode_stage_unbound, MeteredPool};
 use insitu_wire::{
     Capabilities, DeviceStats, Encoding, FormatDescriptor, LayoutKind, Manifest, Operator,
     StagePlanEnvelope, PLAN_BYTES_MAX, PROTOCOL_VERSION,
@@ -155,6 +157,9 @@ pub struct Device {
     bytes_read: Arc<AtomicU64>,
     verified: VerifiedSet,
     pool: Arc<PeakTrackingPool>,
+    /// Each running query's view of the pool, shared by its stages, so a
+    /// stage can report the query's peak on this device.
+    query_pools: Mutex<HashMap<String, Weak<MeteredPool>>>,
     counters: Counters,
 }
 
@@ -292,6 +297,7 @@ impl Device {
             bytes_read,
             verified: Arc::new(Mutex::new(HashSet::new())),
             pool,
+            query_pools: Mutex::new(HashMap::new()),
             counters: Counters::default(),
         }))
     }
@@ -451,8 +457,9 @@ impl Device {
         let id = self.config.id;
         let df_err = |e| DeviceError::from_datafusion(id, self.config.mem_bytes_max, e);
         let manifest = self.check_descriptors(&envelope.descriptors)?;
+        let query_pool = self.query_pool(&envelope.query_id);
         let state = self.ctx.state();
-        let task_ctx = self.ctx.task_ctx();
+        let task_ctx = self.task_ctx_with(Arc::clone(&query_pool));
         // Decoded unbound, its shape chooses the binding: a full sort
         // straight over a scan reads decimals narrow (widening_sort).
         let unbound = decode_stage_unbound(&envelope.plan, &task_ctx).map_err(df_err)?;
@@ -492,7 +499,7 @@ impl Device {
         // Chunks waiting in the channel are device memory: account for the
         // most the channel can hold, so the budget covers them too.
         let in_flight = MemoryConsumer::new("stage result chunks")
-            .register(&self.ctx.runtime_env().memory_pool);
+            .register(&(Arc::clone(&query_pool) as Arc<dyn MemoryPool>));
         let (mut rows_out, mut chunks, mut largest) = (0u64, 0usize, 0usize);
         while let Some(batch) = stream.next().await {
             let batch: RecordBatch = batch.map_err(df_err)?;
@@ -519,6 +526,7 @@ impl Device {
             operator_us: operator_times(&root),
             spilled_runs: metric_sum(&root, "spilled_runs"),
             spilled_bytes: metric_sum(&root, "spilled_bytes"),
+            mem_peak_bytes: query_pool.peak() as u64,
         };
         self.record(&stats);
         tracing::info!(
@@ -530,6 +538,36 @@ impl Device {
             "stage finished"
         );
         send(DeviceMessage::Done(stats)).await
+    }
+
+    /// The pool view of query `id` on this device: the one its running
+    /// stages share, or a new one.
+    fn query_pool(&self, id: &str) -> Arc<MeteredPool> {
+        let mut pools = self.query_pools.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(pool) = pools.get(id).and_then(Weak::upgrade) {
+            return pool;
+        }
+        pools.retain(|_, p| p.strong_count() > 0);
+        let label = format!(
+            "device {} memory budget (mem_bytes_max {} bytes)",
+            self.config.id, self.config.mem_bytes_max
+        );
+        let pool = Arc::new(MeteredPool::new(
+            Arc::clone(&self.pool) as Arc<dyn MemoryPool>,
+            label,
+        ));
+        pools.insert(id.to_string(), Arc::downgrade(&pool));
+        pool
+    }
+
+    /// A task context whose operators reserve through `pool`.
+    fn task_ctx_with(&self, pool: Arc<MeteredPool>) -> Arc<TaskContext> {
+        let mut runtime = RuntimeEnv::clone(&self.ctx.runtime_env());
+        runtime.memory_pool = pool;
+        let state = SessionStateBuilder::new_from_existing(self.ctx.state())
+            .with_runtime_env(Arc::new(runtime))
+            .build();
+        Arc::new(TaskContext::from(&state))
     }
 
     /// How this device's sorts run; `top_k` forces kernel top-k.

@@ -5,6 +5,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use insitu_format::write_atomically;
+use insitu_wire::units::ByteSize;
 use serde::{Deserialize, Serialize};
 
 use crate::{Device, DeviceConfig};
@@ -13,10 +14,30 @@ use crate::{Device, DeviceConfig};
 pub const ROOT_FILE: &str = "insitu-root.json";
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 struct RootMeta {
     version: u32,
     devices: u32,
+    /// See [`RootSettings`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    host_mem: Option<ByteSize>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    device_mem: Option<ByteSize>,
 }
+
+/// Settings a user may write into a root's `insitu-root.json`
+/// (`"host_mem": "8GiB"`, `"device_mem": "2GiB"`, bytes or a size with
+/// a unit); command line flags override them.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct RootSettings {
+    /// The host's memory budget (`host_mem_bytes_max`).
+    pub host_mem: Option<usize>,
+    /// Each device's memory budget (`mem_bytes_max`).
+    pub device_mem: Option<usize>,
+}
+
+/// Where hosts over a root spill (each in a directory of its own).
+pub const HOST_SPILL_DIR: &str = ".host-spill";
 
 /// A problem with a data root or one of its devices.
 #[derive(Debug, thiserror::Error)]
@@ -54,18 +75,32 @@ fn root_err(root: &Path, message: impl Into<String>) -> RootError {
     }
 }
 
-/// How many devices the root at `root` has, if it is one.
-pub fn device_count(root: &Path) -> Result<Option<u32>, RootError> {
+fn root_meta(root: &Path) -> Result<Option<RootMeta>, RootError> {
     let path = root.join(ROOT_FILE);
     match std::fs::read(&path) {
         Ok(bytes) => {
             let meta: RootMeta = serde_json::from_slice(&bytes)
                 .map_err(|e| root_err(root, format!("{ROOT_FILE} is not valid: {e}")))?;
-            Ok(Some(meta.devices))
+            Ok(Some(meta))
         }
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
         Err(e) => Err(root_err(root, format!("cannot read {ROOT_FILE}: {e}"))),
     }
+}
+
+/// How many devices the root at `root` has, if it is one.
+pub fn device_count(root: &Path) -> Result<Option<u32>, RootError> {
+    Ok(root_meta(root)?.map(|m| m.devices))
+}
+
+/// The settings in the root's `insitu-root.json` (none if it is no root).
+pub fn root_settings(root: &Path) -> Result<RootSettings, RootError> {
+    Ok(root_meta(root)?
+        .map(|m| RootSettings {
+            host_mem: m.host_mem.map(|b| b.0),
+            device_mem: m.device_mem.map(|b| b.0),
+        })
+        .unwrap_or_default())
 }
 
 /// Creates (or reuses) a root with `devices` devices.
@@ -77,18 +112,26 @@ pub fn create_root(
     if devices == 0 {
         return Err(root_err(root, "a root needs at least one device"));
     }
-    if let Some(existing) = device_count(root)? {
-        if existing != devices {
+    let existing = root_meta(root)?;
+    if let Some(existing) = &existing {
+        if existing.devices != devices {
             return Err(root_err(
                 root,
-                format!("already holds {existing} devices, not {devices}; use another --root"),
+                format!(
+                    "already holds {} devices, not {devices}; use another --root",
+                    existing.devices
+                ),
             ));
         }
     }
     std::fs::create_dir_all(root).map_err(|e| root_err(root, format!("cannot create: {e}")))?;
+    // The user's settings stay.
+    let (host_mem, device_mem) = existing.map_or((None, None), |m| (m.host_mem, m.device_mem));
     let meta = serde_json::to_vec_pretty(&RootMeta {
         version: 1,
         devices,
+        host_mem,
+        device_mem,
     })
     .expect("root meta");
     write_atomically(&root.join(ROOT_FILE), &meta).map_err(|e| root_err(root, e.to_string()))?;

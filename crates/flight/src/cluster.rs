@@ -9,12 +9,17 @@
 //! link = "10gbe"              # optional, default unlimited
 //! # tls_ca = "ca.pem"         # for https endpoints
 //! # pid = 1234, dir = "dev0"  # written by `insitu cluster up`
+//!
+//! [host]                      # optional: the host's settings
+//! mem = "8GiB"                # host_mem_bytes_max (--host-mem overrides)
+//! spill_dir = "spill"         # relative to this file; default .host-spill
 //! ```
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use insitu_link::{Link, LinkProfile, Throttle};
+use insitu_wire::units::ByteSize;
 use serde::{Deserialize, Serialize};
 
 use crate::client::{ClientOptions, DeviceEndpoint, FlightDeviceClient};
@@ -43,11 +48,45 @@ pub struct DeviceEntry {
     pub dir: Option<PathBuf>,
 }
 
+/// The `[host]` table: settings of hosts that use the cluster.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HostEntry {
+    /// The host's memory budget: bytes or a size such as `"8GiB"`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mem: Option<ByteSize>,
+    /// Where the host spills, relative to the cluster file.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub spill_dir: Option<PathBuf>,
+}
+
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ClusterFile {
     #[serde(rename = "device", default)]
     pub devices: Vec<DeviceEntry>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host: Option<HostEntry>,
+}
+
+/// Where hosts using a cluster spill when its file names no `spill_dir`.
+pub const HOST_SPILL_DIR_DEFAULT: &str = ".host-spill";
+
+impl ClusterFile {
+    /// The host's memory budget the file sets, if any.
+    pub fn host_mem(&self) -> Option<usize> {
+        self.host.as_ref().and_then(|h| h.mem).map(|b| b.0)
+    }
+
+    /// Where hosts using the cluster of file `path` spill.
+    pub fn host_spill_root(&self, path: &Path) -> PathBuf {
+        let dir = self
+            .host
+            .as_ref()
+            .and_then(|h| h.spill_dir.clone())
+            .unwrap_or_else(|| PathBuf::from(HOST_SPILL_DIR_DEFAULT));
+        resolve(path, &dir)
+    }
 }
 
 impl ClusterFile {
@@ -208,9 +247,35 @@ mod tests {
                     dir: None,
                 },
             ],
+            host: Some(HostEntry {
+                mem: Some(ByteSize(3 << 30)),
+                spill_dir: Some("spill".into()),
+            }),
         };
         file.store(&path).unwrap();
-        assert_eq!(ClusterFile::load(&path).unwrap(), file);
+        let loaded = ClusterFile::load(&path).unwrap();
+        assert_eq!(loaded, file);
+        assert_eq!(loaded.host_mem(), Some(3 << 30));
+        assert_eq!(loaded.host_spill_root(&path), dir.path().join("spill"));
+
+        std::fs::write(
+            &path,
+            "[[device]]\nid = 0\nendpoint = \"a\"\n[host]\nmem = \"2GiB\"\n",
+        )
+        .unwrap();
+        let loaded = ClusterFile::load(&path).unwrap();
+        assert_eq!(loaded.host_mem(), Some(2 << 30));
+        assert_eq!(
+            loaded.host_spill_root(&path),
+            dir.path().join(".host-spill")
+        );
+        std::fs::write(
+            &path,
+            "[[device]]\nid = 0\nendpoint = \"a\"\n[host]\nmem = \"plenty\"\n",
+        )
+        .unwrap();
+        let e = ClusterFile::load(&path).unwrap_err().to_string();
+        assert!(e.contains("not a size"), "{e}");
 
         std::fs::write(
             &path,
@@ -251,6 +316,7 @@ mod tests {
                 pid: None,
                 dir: None,
             }],
+            host: None,
         };
         let e = endpoints(&path, &file).unwrap_err().to_string();
         assert!(e.contains("device 4: cannot read token file"), "{e}");

@@ -4,11 +4,12 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use arrow::datatypes::SchemaRef;
-use datafusion::common::{DataFusionError, Result};
+use datafusion::common::{DataFusionError, Result, Statistics};
 use insitu_format::schema_of;
 use insitu_wire::{FormatDescriptor, Operator};
 
 use crate::client::DeviceClient;
+use crate::statistics::table_statistics;
 
 /// Partitions of one table held by one device.
 #[derive(Debug, Clone)]
@@ -20,6 +21,11 @@ pub struct DeviceShare {
 impl DeviceShare {
     pub fn partition_ids(&self) -> Vec<u32> {
         self.descriptors.iter().map(|d| d.partition).collect()
+    }
+
+    /// Planning statistics of this device's part of a table of `schema`.
+    pub fn statistics(&self, schema: &arrow::datatypes::Schema) -> Statistics {
+        table_statistics(schema, &self.descriptors)
     }
 }
 
@@ -35,6 +41,14 @@ impl TableInfo {
     /// Whether every device holding part of the table runs `op`.
     pub fn supports(&self, op: Operator) -> bool {
         supported_by_all(&self.shares, op)
+    }
+
+    /// Planning statistics of the whole table.
+    pub fn statistics(&self) -> Statistics {
+        table_statistics(
+            &self.schema,
+            self.shares.iter().flat_map(|s| &s.descriptors),
+        )
     }
 
     pub fn row_count(&self) -> u64 {

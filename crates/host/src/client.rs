@@ -26,6 +26,10 @@ pub trait DeviceClient: Send + Sync + std::fmt::Debug {
         format!("device {}", self.id())
     }
     fn link(&self) -> &Arc<Link>;
+    /// Whether the device runs in this process (its memory is the host's).
+    fn in_process(&self) -> bool {
+        false
+    }
     /// What the device advertised when the host connected.
     fn capabilities(&self) -> &Capabilities;
     /// The device's counters since it started.
@@ -81,6 +85,10 @@ impl DeviceClient for EmbeddedClient {
 
     fn link(&self) -> &Arc<Link> {
         &self.link
+    }
+
+    fn in_process(&self) -> bool {
+        true
     }
 
     fn capabilities(&self) -> &Capabilities {

@@ -5,30 +5,46 @@
 //! so that partial aggregates, filters and projections run on the devices.
 //! With [`Pushdown::Off`] it instead reads device files through the link
 //! ([`PullStore`]) and does all the work itself (the in-host baseline).
+//! Host operators share one memory budget ([`HostMemory`]) and spill
+//! under the host's spill directory; [`JoinStrategy`] makes joins whose
+//! build side would not fit sort-merge joins, which spill.
 
+pub mod budget;
 pub mod catalog;
 pub mod client;
 pub mod decode;
+pub mod join;
+pub mod memory;
 pub mod merge;
+pub mod options;
 pub mod provider;
 pub mod pull;
 pub mod rule;
 pub mod scan;
+pub mod statistics;
 pub mod stats;
 
 use std::collections::BTreeMap;
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
 
 use arrow::record_batch::RecordBatch;
-use datafusion::common::Result;
-use datafusion::execution::runtime_env::RuntimeEnvBuilder;
+use datafusion::common::tree_node::{TreeNode, TreeNodeRecursion};
+use datafusion::common::{DataFusionError, Result};
+use datafusion::execution::runtime_env::RuntimeEnv;
 use datafusion::execution::SessionStateBuilder;
+use datafusion::physical_optimizer::optimizer::PhysicalOptimizer;
+use datafusion::physical_optimizer::PhysicalOptimizerRule;
+use datafusion::physical_plan::ExecutionPlan;
 use datafusion::prelude::{SessionConfig, SessionContext};
 use insitu_link::LinkCounters;
 
 pub use catalog::{discover_tables, DeviceShare, TableInfo};
 pub use client::{embedded_clients, DeviceClient, EmbeddedClient};
+pub use join::JoinStrategy;
+pub use memory::HostMemory;
+pub use options::{InsituOptions, JoinChoice};
 pub use provider::{InsituTable, Pushdown};
 pub use pull::{PullStore, PULL_STORE_URL};
 pub use rule::FoldIntoStages;
@@ -41,6 +57,14 @@ pub struct HostConfig {
     pub pushdown: Pushdown,
     /// Host threads used by DataFusion for what stays on the host.
     pub target_partitions: usize,
+    /// The memory the host's query operators may reserve, all queries
+    /// together (`host_mem_bytes_max`); past it they spill or fail.
+    pub mem_bytes_max: usize,
+    /// Where host operators spill (a directory of this process's own is
+    /// made inside it).
+    pub spill_root: PathBuf,
+    /// How equi-joins run (`insitu.join_strategy`).
+    pub join_strategy: JoinChoice,
 }
 
 impl Default for HostConfig {
@@ -48,6 +72,9 @@ impl Default for HostConfig {
         Self {
             pushdown: Pushdown::On,
             target_partitions: std::thread::available_parallelism().map_or(2, |n| n.get()),
+            mem_bytes_max: budget::HOST_MEM_BYTES_DEFAULT,
+            spill_root: std::env::temp_dir().join("insitu-spill"),
+            join_strategy: JoinChoice::Auto,
         }
     }
 }
@@ -95,25 +122,50 @@ pub struct InsituHost {
     ctx: SessionContext,
     clients: Vec<Arc<dyn DeviceClient>>,
     tables: BTreeMap<String, TableInfo>,
-    stage_stats: Arc<StageStatsSink>,
+    memory: HostMemory,
     config: HostConfig,
+}
+
+/// DataFusion's physical optimizer rules with insitu's: the join strategy
+/// right after join selection (before distribution and sorts are
+/// enforced, which a sort-merge join needs), the fold into stages last.
+fn physical_rules() -> Vec<Arc<dyn PhysicalOptimizerRule + Send + Sync>> {
+    let mut rules = PhysicalOptimizer::new().rules;
+    let after = rules
+        .iter()
+        .position(|r| r.name() == "join_selection")
+        .map_or(0, |i| i + 1);
+    rules.insert(after, Arc::new(JoinStrategy));
+    rules.push(Arc::new(FoldIntoStages));
+    rules
 }
 
 impl InsituHost {
     pub async fn new(clients: Vec<Arc<dyn DeviceClient>>, config: HostConfig) -> Result<Self> {
         let tables = discover_tables(&clients).await?;
         let stage_stats = Arc::new(StageStatsSink::default());
-        let session = SessionConfig::new()
+        let mut session = SessionConfig::new()
             .with_target_partitions(config.target_partitions.max(1))
+            .with_batch_size(memory::batch_rows_for(config.mem_bytes_max))
             .with_information_schema(true);
-        let runtime = RuntimeEnvBuilder::new().build_arc()?;
+        let options = InsituOptions {
+            join_strategy: config.join_strategy,
+            host_mem_bytes_max: config.mem_bytes_max,
+        };
+        session.options_mut().extensions.insert(options);
+        // What each sort sets aside to merge its spilled runs; DataFusion's
+        // 10 MiB each would hold most of a small budget in a plan of many sorts.
+        session.options_mut().execution.sort_spill_reservation_bytes =
+            memory::sort_merge_reservation_bytes(config.mem_bytes_max);
+        let memory = HostMemory::new(config.mem_bytes_max, &config.spill_root)?;
+        let runtime = memory.runtime()?;
         let url = url::Url::parse(PULL_STORE_URL).expect("pull store url");
         runtime.register_object_store(&url, Arc::new(PullStore::new(tables.values())));
         let state = SessionStateBuilder::new()
             .with_config(session)
             .with_runtime_env(runtime)
             .with_default_features()
-            .with_physical_optimizer_rule(Arc::new(FoldIntoStages))
+            .with_physical_optimizer_rules(physical_rules())
             .build();
         let ctx = SessionContext::new_with_state(state);
         for info in tables.values() {
@@ -124,9 +176,14 @@ impl InsituHost {
             ctx,
             clients,
             tables,
-            stage_stats,
+            memory,
             config,
         })
+    }
+
+    /// The host's memory budget and spill directory.
+    pub fn memory(&self) -> &HostMemory {
+        &self.memory
     }
 
     pub fn context(&self) -> &SessionContext {
@@ -161,63 +218,238 @@ impl InsituHost {
     }
 
     /// Runs one SQL statement (or several separated by `;`, returning the
-    /// last one's result) and measures it.
+    /// last one's result) and measures it. A statement whose hash join
+    /// runs out of the host budget runs once more with sort-merge joins,
+    /// which spill (see [`JoinStrategy`]).
     pub async fn sql(&self, sql: &str) -> Result<QueryOutcome> {
         let started = Instant::now();
         let link_before = self.link_totals();
         let storage_before = self.storage_totals();
-        let stages_before = self.stage_stats.snapshot();
         let query_id = QueryId::next();
-        // A context per query carries its id down to the device scans.
-        let mut state = self.ctx.state();
-        state.config_mut().set_extension(Arc::new(query_id.clone()));
-        let ctx = SessionContext::new_with_state(state);
+        let query = QueryMemory {
+            id: query_id.clone(),
+            pool: self.memory.query_pool(),
+            stages: Arc::new(StageStatsSink::default()),
+        };
         tracing::info!(query = %query_id, sql = %sql.trim(), "query started");
+        let statements = split_statements(sql);
+        if statements.is_empty() {
+            return Err(DataFusionError::Plan("no SQL statement given".into()));
+        }
         let mut last = None;
-        for statement in split_statements(sql) {
-            let run = async {
-                let df = ctx.sql(statement).await?;
-                let schema = Arc::new(df.schema().as_arrow().clone());
-                let batches = df.collect().await?;
-                Ok::<_, datafusion::error::DataFusionError>((schema, batches))
-            };
-            match run.await {
+        let mut replanned = None;
+        for statement in statements {
+            let mut outcome = self.run_statement(statement, &query, None).await;
+            if let Some(reason) = outcome.as_ref().err().and_then(|e| self.replan_reason(e)) {
+                tracing::info!(query = %query_id, "{reason}; planning again with sort-merge joins");
+                replanned = Some(reason);
+                outcome = self
+                    .run_statement(statement, &query, Some(JoinChoice::SortMerge))
+                    .await;
+            }
+            match outcome {
                 Ok(result) => last = Some(result),
                 Err(e) => {
-                    tracing::warn!(query = %query_id, "query failed: {e}");
-                    return Err(e);
+                    tracing::info!(query = %query_id, "query failed: {e}");
+                    return Err(self.with_memory_hint(e));
                 }
             }
         }
-        let Some((schema, batches)) = last else {
-            return Err(datafusion::error::DataFusionError::Plan(
-                "no SQL statement given".into(),
-            ));
+        let Some(mut last) = last else {
+            return Err(DataFusionError::Plan("no SQL statement given".into()));
         };
         let link = self.link_totals().since(&link_before);
-        let stages = self.stage_stats.snapshot();
+        let stages = query.stages.snapshot();
         let stats = QueryStats {
-            device_rows_read: stages.rows_read - stages_before.rows_read,
+            device_rows_read: stages.rows_read,
             device_bytes_read: self.storage_totals() - storage_before,
             link_bytes_to_device: link.bytes_to_device,
             link_bytes_to_host: link.bytes_to_host,
             link_messages: link.messages,
             wall_secs: started.elapsed().as_secs_f64(),
-            result_rows: batches.iter().map(|b| b.num_rows() as u64).sum(),
+            result_rows: last.batches.iter().map(|b| b.num_rows() as u64).sum(),
+            host_mem_peak_bytes: query.pool.peak() as u64,
+            host_mem_bytes_max: self.memory.budget() as u64,
+            device_mem_peak_bytes: query.stages.device_mem_peaks(),
+            device_spilled_bytes: stages.spilled_bytes,
+            host_spilled_bytes: last.host_spilled_bytes,
+            replanned,
         };
+        if last.analyzed {
+            last.batches.push(memory_report(&last.schema, &stats)?);
+        }
         tracing::info!(
             query = %query_id,
             rows = stats.result_rows,
             secs = stats.wall_secs,
             link_bytes = stats.link_bytes(),
+            host_mem_peak = stats.host_mem_peak_bytes,
             "query finished"
         );
         Ok(QueryOutcome {
-            batches,
-            schema,
+            batches: last.batches,
+            schema: last.schema,
             stats,
         })
     }
+
+    /// Plans and runs one statement within `query`'s memory; `joins`
+    /// overrides the session's join strategy. `SET` statements change
+    /// the session itself, so they last beyond the query.
+    async fn run_statement(
+        &self,
+        statement: &str,
+        query: &QueryMemory,
+        joins: Option<JoinChoice>,
+    ) -> Result<StatementResult> {
+        if is_set_statement(statement) {
+            let df = self.ctx.sql(statement).await?;
+            let schema = Arc::new(df.schema().as_arrow().clone());
+            let batches = df.collect().await?;
+            return Ok(StatementResult::plain(schema, batches));
+        }
+        let ctx = self.query_context(query, joins);
+        let df = ctx.sql(statement).await?;
+        let schema = Arc::new(df.schema().as_arrow().clone());
+        let plan = df.create_physical_plan().await?;
+        let batches = datafusion::physical_plan::collect(Arc::clone(&plan), ctx.task_ctx()).await?;
+        Ok(StatementResult {
+            schema,
+            batches,
+            host_spilled_bytes: spilled_bytes(&plan),
+            analyzed: plan.name() == "AnalyzeExec",
+        })
+    }
+
+    /// A session for one query: its memory view, its stage statistics
+    /// and id (which travel to the device scans), and its join strategy.
+    fn query_context(&self, query: &QueryMemory, joins: Option<JoinChoice>) -> SessionContext {
+        let mut runtime = RuntimeEnv::clone(self.ctx.runtime_env().as_ref());
+        runtime.memory_pool = Arc::clone(&query.pool) as _;
+        let mut state = SessionStateBuilder::new_from_existing(self.ctx.state())
+            .with_runtime_env(Arc::new(runtime))
+            .build();
+        let config = state.config_mut();
+        config.set_extension(Arc::new(query.id.clone()));
+        config.set_extension(Arc::clone(&query.stages));
+        if let Some(choice) = joins {
+            if let Some(o) = config.options_mut().extensions.get_mut::<InsituOptions>() {
+                o.join_strategy = choice;
+            }
+        }
+        SessionContext::new_with_state(state)
+    }
+
+    /// Why a failed statement should run again with sort-merge joins: a
+    /// hash join's build side ran out of the host budget while the join
+    /// strategy is `auto`.
+    fn replan_reason(&self, e: &DataFusionError) -> Option<String> {
+        let text = e.to_string();
+        let host_join = memory::is_out_of_memory(e)
+            && text.contains(memory::HOST_BUDGET_LABEL)
+            && text.contains("allocation failed for HashJoinInput");
+        let auto = self
+            .ctx
+            .state()
+            .config()
+            .options()
+            .extensions
+            .get::<InsituOptions>()
+            .is_some_and(|o| o.join_strategy == JoinChoice::Auto);
+        (host_join && auto).then(|| {
+            format!(
+                "a hash join's build side outgrew the host budget of {}",
+                insitu_wire::units::human_bytes(self.memory.budget() as u64)
+            )
+        })
+    }
+
+    /// Says which budget ran out, for which operator, and what to do.
+    fn with_memory_hint(&self, e: DataFusionError) -> DataFusionError {
+        if !memory::is_out_of_memory(&e) {
+            return e;
+        }
+        let root = e.find_root().to_string();
+        if !root.contains(memory::HOST_BUDGET_LABEL) {
+            let hint = "a device needs more memory than its budget: raise the device's --mem";
+            return DataFusionError::ResourcesExhausted(format!("{hint}. {root}"));
+        }
+        let what = memory::refused_reservation(&root).map_or_else(String::new, |(op, size)| {
+            format!(": {op} could not reserve {size} more")
+        });
+        DataFusionError::ResourcesExhausted(format!(
+            "the host memory budget of {} is too small for this query{what}; raise --host-mem \
+             (or host_mem in the root or cluster config). Operators holding the most:\n{}",
+            insitu_wire::units::human_bytes(self.memory.budget() as u64),
+            memory::top_consumers(&root),
+        ))
+    }
+}
+
+/// One query's memory view and stage statistics, shared by its statements.
+struct QueryMemory {
+    id: QueryId,
+    pool: Arc<insitu_stage::MeteredPool>,
+    stages: Arc<StageStatsSink>,
+}
+
+/// What one statement returned.
+struct StatementResult {
+    schema: arrow::datatypes::SchemaRef,
+    batches: Vec<RecordBatch>,
+    host_spilled_bytes: u64,
+    /// An EXPLAIN ANALYZE, whose result gets a memory line.
+    analyzed: bool,
+}
+
+impl StatementResult {
+    fn plain(schema: arrow::datatypes::SchemaRef, batches: Vec<RecordBatch>) -> Self {
+        Self {
+            schema,
+            batches,
+            host_spilled_bytes: 0,
+            analyzed: false,
+        }
+    }
+}
+
+fn is_set_statement(statement: &str) -> bool {
+    let words: Vec<String> = statement
+        .lines()
+        .map(|l| l.split("--").next().unwrap_or(""))
+        .flat_map(|l| l.split_whitespace())
+        .take(1)
+        .map(|w| w.to_ascii_lowercase())
+        .collect();
+    words.first().is_some_and(|w| w == "set")
+}
+
+/// Bytes the operators of an executed plan spilled.
+fn spilled_bytes(plan: &Arc<dyn ExecutionPlan>) -> u64 {
+    let mut sum = 0u64;
+    let _ = plan.apply(|node| {
+        if let Some(m) = node.metrics() {
+            sum += m.spilled_bytes().unwrap_or(0) as u64;
+        }
+        Ok(TreeNodeRecursion::Continue)
+    });
+    sum
+}
+
+/// EXPLAIN ANALYZE's extra row: the host's and each device's memory peak.
+fn memory_report(schema: &arrow::datatypes::SchemaRef, stats: &QueryStats) -> Result<RecordBatch> {
+    let text = stats.memory_summary();
+    let columns = schema
+        .fields()
+        .iter()
+        .zip(["Memory", text.as_str()])
+        .map(|(field, value)| {
+            let array: arrow::array::ArrayRef =
+                Arc::new(arrow::array::StringArray::from(vec![value]));
+            arrow::compute::cast(&array, field.data_type()).map_err(DataFusionError::from)
+        })
+        .collect::<Result<Vec<_>>>()?;
+    Ok(RecordBatch::try_new(Arc::clone(schema), columns)?)
 }
 
 /// Splits a script on `;` outside quotes and comments, dropping empty parts.

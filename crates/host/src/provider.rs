@@ -12,7 +12,7 @@ use arrow::datatypes::SchemaRef;
 use async_trait::async_trait;
 use datafusion::catalog::{Session, TableProvider};
 use datafusion::common::tree_node::{Transformed, TreeNode};
-use datafusion::common::{Column, DFSchema, Result};
+use datafusion::common::{Column, DFSchema, Result, Statistics};
 use datafusion::datasource::listing::PartitionedFile;
 use datafusion::datasource::physical_plan::{FileScanConfigBuilder, ParquetSource};
 use datafusion::datasource::source::DataSourceExec;
@@ -47,14 +47,18 @@ pub struct InsituTable {
     info: TableInfo,
     pushdown: Pushdown,
     stats: Arc<StageStatsSink>,
+    /// Planning statistics, from the manifests.
+    statistics: Arc<Statistics>,
 }
 
 impl InsituTable {
     pub fn new(info: TableInfo, pushdown: Pushdown, stats: Arc<StageStatsSink>) -> Self {
+        let statistics = Arc::new(info.statistics());
         Self {
             info,
             pushdown,
             stats,
+            statistics,
         }
     }
 
@@ -98,12 +102,15 @@ impl InsituTable {
                 }
             }
         }
-        let leaf = Arc::new(PartitionScanExec::try_new(
-            self.info.name.clone(),
-            vec![],
-            Arc::clone(schema),
-            Some(read.clone()),
-        )?);
+        let leaf = Arc::new(
+            PartitionScanExec::try_new(
+                self.info.name.clone(),
+                vec![],
+                Arc::clone(schema),
+                Some(read.clone()),
+            )?
+            .with_statistics(Arc::clone(&self.statistics)),
+        );
         let mut stage: Arc<dyn ExecutionPlan> = leaf.clone();
         if let Some(predicate) = self.physical_filters(state, filters, &leaf.schema())? {
             stage = Arc::new(FilterExec::try_new(predicate, stage)?);
@@ -154,7 +161,8 @@ impl InsituTable {
             source = source.with_predicate(predicate);
         }
         let mut builder =
-            FileScanConfigBuilder::new(ObjectStoreUrl::parse(PULL_STORE_URL)?, Arc::new(source));
+            FileScanConfigBuilder::new(ObjectStoreUrl::parse(PULL_STORE_URL)?, Arc::new(source))
+                .with_statistics(self.statistics.as_ref().clone());
         let mut any = false;
         let mut hybrid = vec![];
         for share in &self.info.shares {

@@ -18,15 +18,17 @@ use arrow::buffer::Buffer;
 use arrow::datatypes::SchemaRef;
 use arrow::record_batch::{RecordBatch, RecordBatchOptions};
 use datafusion::common::tree_node::{Transformed, TreeNode, TreeNodeRecursion};
-use datafusion::common::{internal_err, DataFusionError, Result};
+use datafusion::common::{internal_err, DataFusionError, Result, Statistics};
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
 use datafusion::physical_expr::PhysicalExpr;
 use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType, SchedulingType};
+use datafusion::physical_plan::metrics::{ExecutionPlanMetricsSet, MetricBuilder, MetricsSet};
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::{
     DisplayAs, DisplayFormatType, ExecutionPlan, ExecutionPlanProperties, Partitioning,
     PlanProperties,
 };
+use datafusion::physical_plan::{StatisticsArgs, StatisticsContext};
 use futures::{StreamExt, TryStreamExt};
 use insitu_device::DeviceMessage;
 use insitu_stage::{describe_stage, encode_stage, PartitionScanExec};
@@ -43,6 +45,8 @@ pub struct DeviceScanExec {
     shares: Vec<DeviceShare>,
     stats: Arc<StageStatsSink>,
     properties: Arc<PlanProperties>,
+    /// Per device (partition): what its stage reported, for EXPLAIN ANALYZE.
+    metrics: ExecutionPlanMetricsSet,
 }
 
 impl DeviceScanExec {
@@ -66,6 +70,7 @@ impl DeviceScanExec {
             shares,
             stats,
             properties: Arc::new(properties),
+            metrics: ExecutionPlanMetricsSet::new(),
         }
     }
 
@@ -136,6 +141,10 @@ impl ExecutionPlan for DeviceScanExec {
         vec![]
     }
 
+    fn metrics(&self) -> Option<MetricsSet> {
+        Some(self.metrics.clone_inner())
+    }
+
     fn apply_expressions(
         &self,
         _f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> Result<TreeNodeRecursion>,
@@ -148,6 +157,32 @@ impl ExecutionPlan for DeviceScanExec {
         _children: Vec<Arc<dyn ExecutionPlan>>,
     ) -> Result<Arc<dyn ExecutionPlan>> {
         Ok(self)
+    }
+
+    /// The stage's statistics over the whole table, or over one device's
+    /// share of it: the leaf carries the table's, from the manifests.
+    fn statistics_from_inputs(
+        &self,
+        _input_stats: &[Arc<Statistics>],
+        args: &StatisticsArgs,
+    ) -> Result<Arc<Statistics>> {
+        let stage = match args.partition().and_then(|i| self.shares.get(i)) {
+            None => Arc::clone(&self.stage),
+            Some(share) => {
+                Arc::clone(&self.stage)
+                    .transform_up(|node| {
+                        Ok(match node.downcast_ref::<PartitionScanExec>() {
+                            Some(scan) => {
+                                let own = share.statistics(scan.table_schema());
+                                Transformed::yes(Arc::new(scan.with_statistics(Arc::new(own))) as _)
+                            }
+                            None => Transformed::no(node),
+                        })
+                    })?
+                    .data
+            }
+        };
+        StatisticsContext::new().compute(stage.as_ref(), &StatisticsArgs::new())
     }
 
     fn execute(
@@ -170,7 +205,12 @@ impl ExecutionPlan for DeviceScanExec {
             .get_extension::<crate::QueryId>()
             .map_or_else(|| context.session_id(), |q| q.0.clone());
         let envelope = self.envelope_for(&share, &query_id)?;
-        let stats = Arc::clone(&self.stats);
+        // The query's own sink when it installed one, else the session's.
+        let stats = context
+            .session_config()
+            .get_extension::<StageStatsSink>()
+            .unwrap_or_else(|| Arc::clone(&self.stats));
+        let reports = StageReports::new(&self.metrics, partition);
         let out_schema = Arc::clone(&schema);
         let stream = futures::stream::once(async move {
             let messages = share.client.execute(envelope).await?;
@@ -178,6 +218,7 @@ impl ExecutionPlan for DeviceScanExec {
                 messages,
                 out_schema,
                 stats,
+                reports,
                 share.client.id(),
             ))
         })
@@ -186,17 +227,47 @@ impl ExecutionPlan for DeviceScanExec {
     }
 }
 
+/// One device's stage statistics as EXPLAIN ANALYZE shows them.
+#[derive(Debug, Clone)]
+struct StageReports {
+    output_rows: datafusion::physical_plan::metrics::Count,
+    device_rows_read: datafusion::physical_plan::metrics::Count,
+    device_mem_peak: datafusion::physical_plan::metrics::Gauge,
+    device_spilled_bytes: datafusion::physical_plan::metrics::Count,
+}
+
+impl StageReports {
+    fn new(metrics: &ExecutionPlanMetricsSet, partition: usize) -> Self {
+        Self {
+            output_rows: MetricBuilder::new(metrics).output_rows(partition),
+            device_rows_read: MetricBuilder::new(metrics).counter("device_rows_read", partition),
+            device_mem_peak: MetricBuilder::new(metrics).gauge("device_mem_peak", partition),
+            device_spilled_bytes: MetricBuilder::new(metrics)
+                .counter("device_spilled_bytes", partition),
+        }
+    }
+
+    fn record(&self, s: &insitu_device::StageStats) {
+        self.output_rows.add(s.rows_out as usize);
+        self.device_rows_read.add(s.rows_read as usize);
+        self.device_mem_peak.set_max(s.mem_peak_bytes as usize);
+        self.device_spilled_bytes.add(s.spilled_bytes as usize);
+    }
+}
+
 /// Turns a device's messages into record batches of `schema`.
 fn decode_results(
     messages: futures::stream::BoxStream<'static, Result<DeviceMessage>>,
     schema: SchemaRef,
     stats: Arc<StageStatsSink>,
+    reports: StageReports,
     device: u32,
 ) -> futures::stream::BoxStream<'static, Result<RecordBatch>> {
     let state = (messages, ResultDecoder::new(), false);
     futures::stream::unfold(state, move |(mut messages, mut decoder, done)| {
         let schema = Arc::clone(&schema);
         let stats = Arc::clone(&stats);
+        let reports = reports.clone();
         async move {
             if done {
                 return None;
@@ -211,7 +282,8 @@ fn decode_results(
                     }
                     Some(Err(e)) => return Some((Err(e), (messages, decoder, true))),
                     Some(Ok(DeviceMessage::Done(s))) => {
-                        stats.add(&s);
+                        stats.add(device, &s);
+                        reports.record(&s);
                         return None;
                     }
                     Some(Ok(DeviceMessage::Batch(batch))) => {

@@ -16,10 +16,12 @@
 
 mod codec;
 pub mod hybrid;
+pub mod memory;
 mod scan;
 
 pub use codec::{
     bind_stage, decode_stage_unbound, describe_stage, encode_stage, PartitionBinder, StageCodec,
 };
 pub use hybrid::{HybridFile, HybridScanExec};
+pub use memory::MeteredPool;
 pub use scan::PartitionScanExec;

@@ -5,10 +5,11 @@ use std::sync::Arc;
 
 use arrow::datatypes::SchemaRef;
 use datafusion::common::tree_node::TreeNodeRecursion;
-use datafusion::common::{exec_err, Result};
+use datafusion::common::{exec_err, Result, Statistics};
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
 use datafusion::physical_expr::{EquivalenceProperties, PhysicalExpr};
 use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
+use datafusion::physical_plan::statistics::StatisticsArgs;
 use datafusion::physical_plan::{
     DisplayAs, DisplayFormatType, ExecutionPlan, Partitioning, PlanProperties,
 };
@@ -24,6 +25,8 @@ pub struct PartitionScanExec {
     table_schema: SchemaRef,
     projection: Option<Vec<usize>>,
     properties: Arc<PlanProperties>,
+    /// Planning statistics of the whole table (the host's; never encoded).
+    statistics: Option<Arc<Statistics>>,
 }
 
 impl PartitionScanExec {
@@ -51,6 +54,7 @@ impl PartitionScanExec {
             table_schema,
             projection,
             properties: Arc::new(properties),
+            statistics: None,
         })
     }
 
@@ -68,6 +72,15 @@ impl PartitionScanExec {
 
     pub fn projection(&self) -> Option<&[usize]> {
         self.projection.as_deref()
+    }
+
+    /// The same scan, reporting `statistics` (of the unprojected table) to
+    /// the host's planner.
+    pub fn with_statistics(&self, statistics: Arc<Statistics>) -> Self {
+        Self {
+            statistics: Some(statistics),
+            ..self.clone()
+        }
     }
 
     /// The same scan over other partitions (the host binds a template per device).
@@ -121,6 +134,17 @@ impl ExecutionPlan for PartitionScanExec {
         _children: Vec<Arc<dyn ExecutionPlan>>,
     ) -> Result<Arc<dyn ExecutionPlan>> {
         Ok(self)
+    }
+
+    fn statistics_from_inputs(
+        &self,
+        _input_stats: &[Arc<Statistics>],
+        _args: &StatisticsArgs,
+    ) -> Result<Arc<Statistics>> {
+        Ok(Arc::new(match &self.statistics {
+            Some(s) => s.as_ref().clone().project(self.projection.as_ref()),
+            None => Statistics::new_unknown(&self.schema()),
+        }))
     }
 
     fn execute(

@@ -11,6 +11,7 @@ pub mod envelope;
 pub mod error;
 pub mod manifest;
 pub mod protocol;
+pub mod units;
 
 pub use descriptor::{
     ColumnStats, Encoding, FieldFormat, FormatDescriptor, HybridBlock, HybridLayout, LayoutKind,

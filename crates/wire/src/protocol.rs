@@ -147,6 +147,10 @@ pub struct StageStats {
     pub spilled_runs: u64,
     #[serde(default)]
     pub spilled_bytes: u64,
+    /// The most memory the stage's query held on the device at once (its
+    /// stages together, up to this one's end).
+    #[serde(default)]
+    pub mem_peak_bytes: u64,
 }
 
 impl StageStats {
@@ -158,6 +162,7 @@ impl StageStats {
         self.elapsed_us += other.elapsed_us;
         self.spilled_runs += other.spilled_runs;
         self.spilled_bytes += other.spilled_bytes;
+        self.mem_peak_bytes = self.mem_peak_bytes.max(other.mem_peak_bytes);
         for (op, us) in &other.operator_us {
             *self.operator_us.entry(op.clone()).or_default() += us;
         }

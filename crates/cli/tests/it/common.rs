@@ -99,6 +99,7 @@ pub async fn host_with_budget(
         HostConfig {
             pushdown,
             target_partitions: 2,
+            ..Default::default()
         },
     )
     .await
@@ -430,6 +431,7 @@ impl TestCluster {
             HostConfig {
                 pushdown,
                 target_partitions: 2,
+                ..Default::default()
             },
         )
         .await

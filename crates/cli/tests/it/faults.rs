@@ -155,6 +155,7 @@ async fn killed_device_mid_query_is_named_within_two_seconds_and_host_recovers()
     let config = HostConfig {
         pushdown: Pushdown::On,
         target_partitions: 2,
+        ..Default::default()
     };
     let host = InsituHost::new(cluster.clients().await, config)
         .await
@@ -419,6 +420,7 @@ async fn dropping_a_result_stream_cancels_the_device_stage() {
     let config = HostConfig {
         pushdown: Pushdown::On,
         target_partitions: 2,
+        ..Default::default()
     };
     let host = InsituHost::new(clients.clone(), config).await.unwrap();
     let df = host.context().sql("select x * 2 from t").await.unwrap();

@@ -15,6 +15,7 @@ mod faults;
 mod layout;
 mod load;
 mod load_test;
+mod memory;
 mod pushdown;
 mod sort;
 mod tpch_sf001;

@@ -64,6 +64,7 @@ async fn throttled_link_slows_pull_more_than_push() {
             insitu_host::HostConfig {
                 pushdown,
                 target_partitions: 2,
+                ..Default::default()
             },
         )
     };

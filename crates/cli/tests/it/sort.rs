@@ -162,6 +162,7 @@ async fn order_by_past_the_device_budget_spills_and_matches_duckdb() {
         insitu_host::HostConfig {
             pushdown: Pushdown::On,
             target_partitions: 2,
+            ..Default::default()
         },
     )
     .await

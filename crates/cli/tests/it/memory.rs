@@ -1,0 +1,317 @@
+//! Memory budgets: queries spill within a small host budget and still
+//! give DuckDB's answers; a budget too small fails clearly and the host
+//! keeps serving; the peaks are reported; budgets hold as resident memory.
+
+use std::path::Path;
+
+use insitu_device::root::DeviceBudget;
+use insitu_host::{embedded_clients, HostConfig, InsituHost, JoinChoice, Pushdown};
+use insitu_link::LinkProfile;
+
+use crate::common;
+
+/// A host over `root` whose operators may reserve `mem_bytes_max`.
+async fn host_with_memory(
+    root: &Path,
+    pushdown: Pushdown,
+    mem_bytes_max: usize,
+    spill_root: &Path,
+) -> InsituHost {
+    let devices = common::open_devices(root, &DeviceBudget::default());
+    InsituHost::new(
+        embedded_clients(devices, LinkProfile::UNLIMITED),
+        HostConfig {
+            pushdown,
+            target_partitions: 2,
+            mem_bytes_max,
+            spill_root: spill_root.to_path_buf(),
+            ..Default::default()
+        },
+    )
+    .await
+    .expect("host")
+}
+
+/// Q18 and Q21 at SF 0.1 in 24 MiB of host memory: their joins,
+/// aggregates and sorts spill, and the answers are DuckDB's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn q18_and_q21_spill_within_a_small_host_budget_and_match_duckdb() {
+    let root = common::tpch_root(0.1, 4);
+    for pushdown in [Pushdown::On, Pushdown::Off] {
+        let spill = tempfile::tempdir().unwrap();
+        let host = host_with_memory(&root, pushdown, 24 << 20, spill.path()).await;
+        for q in [18, 21] {
+            let outcome = host
+                .sql(&common::query_sql(q))
+                .await
+                .unwrap_or_else(|e| panic!("Q{q} {pushdown:?}: {e}"));
+            let fx = common::fixture("tpch-sf0.1", q);
+            common::compare(q, &outcome.batches, &fx).unwrap();
+            let s = &outcome.stats;
+            assert!(
+                s.host_spilled_bytes > 0,
+                "Q{q} {pushdown:?} spilled nothing: {}",
+                s.memory_summary()
+            );
+            assert!(s.host_mem_peak_bytes <= s.host_mem_bytes_max);
+            assert_eq!(s.host_mem_bytes_max, 24 << 20);
+        }
+        let left: Vec<_> = std::fs::read_dir(host.memory().spill_dir())
+            .unwrap()
+            .flatten()
+            .flat_map(|d| std::fs::read_dir(d.path()).into_iter().flatten().flatten())
+            .collect();
+        assert!(
+            left.is_empty(),
+            "spill files outlived their queries: {left:?}"
+        );
+    }
+}
+
+/// A budget no plan fits fails with an error naming the budget and an
+/// operator, and the same host answers the next query.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_budget_too_small_fails_clearly_and_the_host_answers_the_next_query() {
+    let root = common::tpch_root(0.1, 4);
+    let spill = tempfile::tempdir().unwrap();
+    let host = host_with_memory(&root, Pushdown::On, 1 << 20, spill.path()).await;
+    let e = host
+        .sql(&common::query_sql(18))
+        .await
+        .expect_err("1 MiB cannot hold Q18")
+        .to_string();
+    assert!(
+        e.contains("host memory budget of 1.00 MiB is too small"),
+        "{e}"
+    );
+    assert!(e.contains("could not reserve"), "names the operator: {e}");
+    assert!(e.contains("--host-mem"), "says what to do: {e}");
+    let next = host
+        .sql("select count(*) from nation")
+        .await
+        .expect("the host still answers");
+    assert_eq!(next.stats.result_rows, 1);
+}
+
+/// The interactive prompt reports the error and answers the next statement.
+#[test]
+fn the_prompt_survives_a_query_that_outgrows_the_host_budget() {
+    use std::io::Write;
+    let root = common::tpch_root(0.1, 4);
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_insitu"))
+        .args(["sql", "--format", "csv", "--host-mem", "1MiB", "--root"])
+        .arg(&root)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("start the prompt");
+    let script = format!(
+        "{};\nselect 40 + 2 as answer;\n\\q\n",
+        common::query_sql(18).trim().trim_end_matches(';')
+    );
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(script.as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert!(out.status.success(), "{stderr}");
+    assert!(stderr.contains("is too small for this query"), "{stderr}");
+    assert!(stdout.contains("answer\n42"), "{stdout}\n{stderr}");
+}
+
+/// A hash join whose build side outgrows the budget is planned again
+/// with sort-merge joins, and the answers stay DuckDB's; forcing either
+/// strategy with `SET insitu.join_strategy` gives the same answers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn join_strategies_give_duckdbs_answers() {
+    let root = common::tpch_root(0.01, 4);
+    for choice in [JoinChoice::SortMerge, JoinChoice::Hash] {
+        let devices = common::open_devices(&root, &DeviceBudget::default());
+        let host = InsituHost::new(
+            embedded_clients(devices, LinkProfile::UNLIMITED),
+            HostConfig {
+                target_partitions: 2,
+                join_strategy: choice,
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+        let failures = common::check_all(&host, "tpch-sf0.01").await;
+        assert!(failures.is_empty(), "{choice}:\n{}", failures.join("\n"));
+    }
+    let host = common::host(&root, Pushdown::On).await;
+    host.sql("set insitu.join_strategy = 'sort_merge'")
+        .await
+        .unwrap();
+    let plan = host
+        .sql(&format!("explain {}", common::query_sql(3)))
+        .await
+        .unwrap();
+    let text = arrow::util::pretty::pretty_format_batches(&plan.batches)
+        .unwrap()
+        .to_string();
+    assert!(text.contains("SortMergeJoinExec"), "SET lasts: {text}");
+    let e = host
+        .sql("set insitu.join_strategy = 'grace'")
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("auto, hash, sort_merge"), "{e}");
+}
+
+/// Q18 at SF 0.1 in a budget its hash joins do not fit: the host plans
+/// it again with sort-merge joins, says so, and answers as DuckDB does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hash_join_that_runs_out_of_memory_is_planned_again() {
+    let root = common::tpch_root(0.1, 4);
+    let spill = tempfile::tempdir().unwrap();
+    // Below what the planner estimates for the build sides, so it keeps
+    // hash joins; above what the sort-merge plan needs.
+    let host = host_with_memory(&root, Pushdown::On, 40 << 20, spill.path()).await;
+    host.sql("set datafusion.optimizer.hash_join_single_partition_threshold = 0")
+        .await
+        .unwrap();
+    let outcome = host.sql(&common::query_sql(18)).await.unwrap();
+    common::compare(18, &outcome.batches, &common::fixture("tpch-sf0.1", 18)).unwrap();
+    let summary = outcome.stats.memory_summary();
+    assert!(
+        outcome.stats.replanned.is_some() || outcome.stats.host_spilled_bytes > 0,
+        "{summary}"
+    );
+}
+
+/// The footer and EXPLAIN ANALYZE report the host's and every device's peak.
+#[test]
+fn the_footer_and_explain_analyze_report_memory_peaks() {
+    let root = common::tpch_root(0.01, 4);
+    let root = root.to_str().unwrap();
+    let q = common::query_sql(3);
+    let (ok, _, err) = common::insitu(&["sql", "--root", root, "--format", "csv", &q]);
+    assert!(ok, "{err}");
+    assert!(err.contains("memory: host peak "), "{err}");
+    assert!(err.contains("device peaks 0: "), "{err}");
+    let analyze = format!("explain analyze {q}");
+    let (ok, out, err) = common::insitu(&["sql", "--root", root, "--format", "csv", &analyze]);
+    assert!(ok, "{err}");
+    assert!(out.contains("Memory,\"host peak "), "{out}");
+    assert!(out.contains("device_mem_peak="), "{out}");
+}
+
+/// Budgets in the root's `insitu-root.json` apply, flags override them,
+/// and a misspelt setting is refused by name.
+#[test]
+fn root_settings_set_budgets_and_flags_override_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("r");
+    let root_arg = root.to_str().unwrap();
+    let (ok, _, err) = common::insitu(&[
+        "gen",
+        "tpch",
+        "--sf",
+        "0.01",
+        "--devices",
+        "2",
+        "--root",
+        root_arg,
+    ]);
+    assert!(ok, "{err}");
+    let file = root.join("insitu-root.json");
+    let mut meta: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&file).unwrap()).unwrap();
+    meta["host_mem"] = "300MiB".into();
+    std::fs::write(&file, serde_json::to_vec(&meta).unwrap()).unwrap();
+    let q = "select count(*) from orders";
+    let (ok, _, err) = common::insitu(&["sql", "--root", root_arg, q]);
+    assert!(ok, "{err}");
+    assert!(err.contains("of 300.00 MiB"), "{err}");
+    let (ok, _, err) = common::insitu(&["sql", "--root", root_arg, "--host-mem", "200MiB", q]);
+    assert!(ok, "{err}");
+    assert!(err.contains("of 200.00 MiB"), "{err}");
+    // Generating again keeps the user's setting.
+    let (ok, _, err) = common::insitu(&[
+        "gen",
+        "tpch",
+        "--sf",
+        "0.01",
+        "--devices",
+        "2",
+        "--replace",
+        "--root",
+        root_arg,
+    ]);
+    assert!(ok, "{err}");
+    let (ok, _, err) = common::insitu(&["sql", "--root", root_arg, q]);
+    assert!(ok && err.contains("of 300.00 MiB"), "{err}");
+    meta["host_memory"] = "1GiB".into();
+    std::fs::write(&file, serde_json::to_vec(&meta).unwrap()).unwrap();
+    let (ok, _, err) = common::insitu(&["sql", "--root", root_arg, q]);
+    assert!(!ok);
+    assert!(
+        err.contains("host_memory"),
+        "names the unknown setting: {err}"
+    );
+}
+
+/// Without flags, the host's and the devices' budgets together stay
+/// within 80% of this machine's memory.
+#[test]
+fn default_budgets_fit_this_machine() {
+    let root = common::tpch_root(0.01, 4);
+    let root = root.to_str().unwrap();
+    let (ok, out, err) =
+        common::insitu(&["bench", "sql", "select 1", "--runs", "1", "--root", root]);
+    assert!(ok, "{err}");
+    let result: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+    let budgets = result["budgets_bytes"].as_u64().unwrap();
+    let machine = insitu_host::budget::machine_memory_bytes().expect("machine memory");
+    assert!(budgets > 0);
+    assert!(
+        budgets <= machine / 100 * insitu_host::budget::BUDGETS_SHARE_OF_MEMORY_PERCENT,
+        "budgets {budgets} on a machine of {machine}"
+    );
+}
+
+/// Peak resident memory stays within the process's budgets plus the
+/// documented overhead, with budgets small enough that operators hit them.
+#[test]
+fn resident_memory_stays_within_the_budgets_and_the_overhead() {
+    let root = common::tpch_root(0.1, 4);
+    let root = root.to_str().unwrap();
+    for q in [9, 18, 21] {
+        let sql = common::query_sql(q);
+        let args = [
+            "bench",
+            "sql",
+            &sql,
+            "--runs",
+            "1",
+            "--root",
+            root,
+            "--host-mem",
+            "48MiB",
+            "--mem",
+            "64MiB",
+        ];
+        let (ok, out, err) = common::insitu(&args);
+        assert!(ok, "Q{q}: {err}");
+        let result: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+        let rss = result["peak_rss_bytes"].as_u64().unwrap();
+        let budgets = result["budgets_bytes"].as_u64().unwrap();
+        assert_eq!(budgets, (48 << 20) + 4 * (64 << 20));
+        let limit = budgets + insitu_host::budget::RSS_OVERHEAD_BYTES;
+        assert!(
+            rss <= limit,
+            "Q{q}: peak RSS {rss} above budgets {budgets} plus overhead ({}): {}",
+            insitu_host::budget::RSS_OVERHEAD_BYTES,
+            result["memory"]
+        );
+    }
+}
