@@ -30,6 +30,9 @@ if [ "${INSITU_SLOW_TESTS:-0}" = "1" ]; then
   smoke=$(mktemp -d)
   trap 'rm -rf "$smoke"' EXIT
   INSITU_BENCH_DATA="$smoke/orderby" bench/orderby.sh 0.01 1 2 2
+  # All 22 TPC-H queries, every engine and mode; fails on a failed query
+  # or a row count other than DuckDB's.
+  INSITU_BENCH_DATA="$smoke/tpch" INSITU_BENCH_OUT="$smoke/tpch-results" bench/tpch.sh 0.01 all 1
   # 128 MiB: DuckDB 2.0's ORDER BY ran out of memory at its 64 MiB limit
   # on these 38 MiB (and at 96 MiB on 114 MiB); insitu's merge paths are
   # covered by the extsort tests.

@@ -131,22 +131,20 @@ pub fn build_bytes_estimate(join: &HashJoinExec) -> Option<usize> {
         .compute(join.left().as_ref(), &StatisticsArgs::new())
         .ok()?;
     let rows = *stats.num_rows.get_value()?;
-    let data = match stats.total_byte_size.get_value() {
-        Some(bytes) => *bytes,
-        None => {
-            let schema = join.left().schema();
-            let width: usize = schema
-                .fields()
-                .iter()
-                .map(|f| {
-                    f.data_type()
-                        .primitive_width()
-                        .unwrap_or(VARIABLE_VALUE_BYTES_ASSUMED)
-                })
-                .sum();
-            rows.saturating_mul(width)
-        }
-    };
+    // From the schema, not the plan's byte sizes: joins and projections
+    // carry those on loosely, and a width per row is what a hash table holds.
+    let width: usize = join
+        .left()
+        .schema()
+        .fields()
+        .iter()
+        .map(|f| {
+            f.data_type()
+                .primitive_width()
+                .unwrap_or(VARIABLE_VALUE_BYTES_ASSUMED)
+        })
+        .sum();
+    let data = rows.saturating_mul(width);
     Some(data.saturating_add(rows.saturating_mul(HASH_TABLE_BYTES_PER_ROW)))
 }
 
@@ -176,4 +174,131 @@ fn sort_merge_of(join: &HashJoinExec) -> Result<Arc<dyn ExecutionPlan>> {
         })
         .collect::<Vec<_>>();
     Ok(Arc::new(ProjectionExec::try_new(exprs, merge)?))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use arrow::array::{Int64Array, RecordBatch, StringViewArray};
+    use datafusion::datasource::MemTable;
+    use datafusion::execution::SessionStateBuilder;
+    use datafusion::physical_plan::displayable;
+    use datafusion::prelude::{SessionConfig, SessionContext};
+
+    /// A session over tables `a` (`rows` rows) and `b` (10 rows), with the
+    /// join rule after DataFusion's join selection, as the host has it.
+    fn session(choice: JoinChoice, budget: usize, rows: i64) -> SessionContext {
+        let mut config = SessionConfig::new().with_target_partitions(2);
+        config.options_mut().extensions.insert(InsituOptions {
+            join_strategy: choice,
+            host_mem_bytes_max: budget,
+        });
+        config
+            .options_mut()
+            .optimizer
+            .hash_join_single_partition_threshold = 0;
+        let mut rules = datafusion::physical_optimizer::optimizer::PhysicalOptimizer::new().rules;
+        let after = rules
+            .iter()
+            .position(|r| r.name() == "join_selection")
+            .unwrap()
+            + 1;
+        rules.insert(after, Arc::new(JoinStrategy));
+        let state = SessionStateBuilder::new()
+            .with_config(config)
+            .with_default_features()
+            .with_physical_optimizer_rules(rules)
+            .build();
+        let ctx = SessionContext::new_with_state(state);
+        let table = |n: i64| {
+            // One null key, so that NOT IN over the column is null-aware.
+            let k = Int64Array::from_iter((0..n).map(Some).chain([None]));
+            let s = StringViewArray::from_iter_values((0..=n).map(|i| format!("name {i}")));
+            let batch = RecordBatch::try_from_iter([
+                ("k", Arc::new(k) as arrow::array::ArrayRef),
+                ("s", Arc::new(s) as _),
+            ])
+            .unwrap();
+            Arc::new(MemTable::try_new(batch.schema(), vec![vec![batch]]).unwrap())
+        };
+        ctx.register_table("a", table(rows)).unwrap();
+        ctx.register_table("b", table(10)).unwrap();
+        ctx
+    }
+
+    async fn plan_and_rows(ctx: &SessionContext, sql: &str) -> (String, usize) {
+        let df = ctx.sql(sql).await.unwrap();
+        let plan = df.create_physical_plan().await.unwrap();
+        let text = displayable(plan.as_ref()).indent(true).to_string();
+        let batches = datafusion::physical_plan::collect(plan, ctx.task_ctx())
+            .await
+            .unwrap();
+        (text, batches.iter().map(|b| b.num_rows()).sum())
+    }
+
+    const JOIN: &str = "select a.k, a.s, b.s from a join b on a.k = b.k and a.s <> b.k::varchar";
+
+    #[tokio::test]
+    async fn a_build_side_past_half_the_budget_becomes_a_sort_merge_join() {
+        // The build side is b's 11 rows of (8 + 32) bytes, plus 32 per row
+        // in the table: 792 bytes.
+        let small = session(JoinChoice::Auto, 1 << 30, 1000);
+        let (plan, rows) = plan_and_rows(&small, JOIN).await;
+        assert!(plan.contains("HashJoinExec"), "{plan}");
+        assert_eq!(rows, 10);
+        let tight = session(JoinChoice::Auto, 1024, 1000);
+        let (plan, merged) = plan_and_rows(&tight, JOIN).await;
+        assert!(plan.contains("SortMergeJoinExec"), "{plan}");
+        assert!(!plan.contains("HashJoinExec"), "{plan}");
+        assert_eq!(merged, rows, "same answer either way");
+    }
+
+    #[tokio::test]
+    async fn forced_strategies_are_kept_whatever_the_budget() {
+        let (plan, _) = plan_and_rows(&session(JoinChoice::SortMerge, 1 << 30, 1000), JOIN).await;
+        assert!(plan.contains("SortMergeJoinExec"), "{plan}");
+        let (plan, _) = plan_and_rows(&session(JoinChoice::Hash, 1024, 1000), JOIN).await;
+        assert!(plan.contains("HashJoinExec"), "{plan}");
+    }
+
+    #[tokio::test]
+    async fn null_aware_anti_joins_stay_hash_joins() {
+        let ctx = session(JoinChoice::SortMerge, 1 << 30, 100);
+        let sql = "select k from b where k not in (select k from a)";
+        let (plan, rows) = plan_and_rows(&ctx, sql).await;
+        assert!(plan.contains("HashJoinExec"), "{plan}");
+        assert_eq!(rows, 0, "a null in the subquery leaves no row");
+    }
+
+    #[test]
+    fn a_filter_keeps_its_meaning_with_left_columns_first() {
+        use datafusion::logical_expr::Operator;
+        use datafusion::physical_expr::expressions::BinaryExpr;
+        use datafusion::physical_plan::joins::utils::ColumnIndex;
+        // right.x (index 0) < left.y (index 1)
+        let expr: Arc<dyn PhysicalExpr> = Arc::new(BinaryExpr::new(
+            Arc::new(Column::new("x", 0)),
+            Operator::Lt,
+            Arc::new(Column::new("y", 1)),
+        ));
+        let columns = vec![
+            ColumnIndex {
+                index: 3,
+                side: JoinSide::Right,
+            },
+            ColumnIndex {
+                index: 5,
+                side: JoinSide::Left,
+            },
+        ];
+        let schema = Arc::new(Schema::new(vec![
+            arrow::datatypes::Field::new("x", arrow::datatypes::DataType::Int64, true),
+            arrow::datatypes::Field::new("y", arrow::datatypes::DataType::Utf8, true),
+        ]));
+        let moved = left_columns_first(&JoinFilter::new(expr, columns, schema)).unwrap();
+        assert_eq!(moved.column_indices()[0].side, JoinSide::Left);
+        assert_eq!(moved.column_indices()[0].index, 5);
+        assert_eq!(moved.schema().field(0).name(), "y");
+        assert_eq!(moved.expression().to_string(), "x@1 < y@0");
+    }
 }

@@ -23,6 +23,7 @@ pub mod rule;
 pub mod scan;
 pub mod statistics;
 pub mod stats;
+pub mod views;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -128,7 +129,8 @@ pub struct InsituHost {
 
 /// DataFusion's physical optimizer rules with insitu's: the join strategy
 /// right after join selection (before distribution and sorts are
-/// enforced, which a sort-merge join needs), the fold into stages last.
+/// enforced, which a sort-merge join needs), the fold into stages, then
+/// the string view rules ([`views`]) last.
 fn physical_rules() -> Vec<Arc<dyn PhysicalOptimizerRule + Send + Sync>> {
     let mut rules = PhysicalOptimizer::new().rules;
     let after = rules
@@ -137,6 +139,8 @@ fn physical_rules() -> Vec<Arc<dyn PhysicalOptimizerRule + Send + Sync>> {
         .map_or(0, |i| i + 1);
     rules.insert(after, Arc::new(JoinStrategy));
     rules.push(Arc::new(FoldIntoStages));
+    rules.push(Arc::new(views::ShrinkJoinViews));
+    rules.push(Arc::new(views::SortPlainStrings));
     rules
 }
 

@@ -162,7 +162,7 @@ impl InsituTable {
         }
         let mut builder =
             FileScanConfigBuilder::new(ObjectStoreUrl::parse(PULL_STORE_URL)?, Arc::new(source))
-                .with_statistics(self.statistics.as_ref().clone());
+                .with_statistics(pull_statistics(&self.statistics));
         let mut any = false;
         let mut hybrid = vec![];
         for share in &self.info.shares {
@@ -289,4 +289,14 @@ impl TableProvider for InsituTable {
             Pushdown::Off => self.pull_scan(state, projection, filters, limit),
         }
     }
+}
+
+/// The table's statistics for a pull scan, without a byte size: the scan
+/// projects them keeping the whole table's size, which would make the
+/// join planner build on the side that reads fewer columns, not the
+/// smaller one; without it, the planner weighs rows.
+fn pull_statistics(table: &Statistics) -> Statistics {
+    let mut stats = table.clone();
+    stats.total_byte_size = datafusion::common::stats::Precision::Absent;
+    stats
 }

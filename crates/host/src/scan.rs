@@ -182,7 +182,11 @@ impl ExecutionPlan for DeviceScanExec {
                     .data
             }
         };
-        StatisticsContext::new().compute(stage.as_ref(), &StatisticsArgs::new())
+        let stats = StatisticsContext::new().compute(stage.as_ref(), &StatisticsArgs::new())?;
+        Ok(Arc::new(with_row_width_bytes(
+            stats.as_ref().clone(),
+            &self.schema(),
+        )))
     }
 
     fn execute(
@@ -225,6 +229,27 @@ impl ExecutionPlan for DeviceScanExec {
         .try_flatten();
         Ok(Box::pin(RecordBatchStreamAdapter::new(schema, stream)))
     }
+}
+
+/// `stats` with its byte size made rows times the width of `schema`'s
+/// columns: a stage's filters scale the byte size of all the columns
+/// they read, and the join planner builds on the side with fewer bytes
+/// (TPC-H Q12 built on 15 M orders rather than on the filtered lineitem).
+fn with_row_width_bytes(mut stats: Statistics, schema: &arrow::datatypes::Schema) -> Statistics {
+    let width: usize = schema
+        .fields()
+        .iter()
+        .map(|f| {
+            f.data_type()
+                .primitive_width()
+                .unwrap_or(crate::statistics::VARIABLE_VALUE_BYTES_ASSUMED)
+        })
+        .sum();
+    stats.total_byte_size = stats
+        .num_rows
+        .multiply(&datafusion::common::stats::Precision::Exact(width))
+        .to_inexact();
+    stats
 }
 
 /// One device's stage statistics as EXPLAIN ANALYZE shows them.

@@ -4,6 +4,7 @@ use std::fmt;
 use std::sync::Arc;
 
 use arrow::datatypes::SchemaRef;
+use datafusion::common::stats::Precision;
 use datafusion::common::tree_node::TreeNodeRecursion;
 use datafusion::common::{exec_err, Result, Statistics};
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
@@ -141,10 +142,19 @@ impl ExecutionPlan for PartitionScanExec {
         _input_stats: &[Arc<Statistics>],
         _args: &StatisticsArgs,
     ) -> Result<Arc<Statistics>> {
-        Ok(Arc::new(match &self.statistics {
-            Some(s) => s.as_ref().clone().project(self.projection.as_ref()),
-            None => Statistics::new_unknown(&self.schema()),
-        }))
+        let Some(table) = &self.statistics else {
+            return Ok(Arc::new(Statistics::new_unknown(&self.schema())));
+        };
+        let mut projected = table.as_ref().clone().project(self.projection.as_ref());
+        // `project` keeps the whole table's byte size; the join planner
+        // weighs sides by it, so it must be the projected columns' own.
+        projected.total_byte_size = projected
+            .column_statistics
+            .iter()
+            .map(|c| c.byte_size)
+            .fold(Precision::Exact(0), |sum, b| sum.add(&b))
+            .to_inexact();
+        Ok(Arc::new(projected))
     }
 
     fn execute(
