@@ -550,7 +550,7 @@ pub async fn load(a: LoadArgs) -> Result<(), String> {
         queries_per_sec: latencies.len() as f64 / elapsed,
         latency_p50_secs: percentile(&latencies, 0.5),
         latency_p95_secs: percentile(&latencies, 0.95),
-        memory_within_budget: devices.iter().all(|d| d.mem_peak_bytes <= d.mem_bytes_max),
+        memory_within_budget: devices.iter().all(within_budget),
         devices,
         errors,
     };
@@ -566,10 +566,11 @@ pub async fn load(a: LoadArgs) -> Result<(), String> {
     );
     for d in &report.devices {
         eprintln!(
-            "device {}: memory peak {} of {} budget, {} stages ok, {} failed, {} cancelled",
+            "device {}: memory peak {} of {} budget, resident peak {}, {} stages ok, {} failed, {} cancelled",
             d.device_id,
             human_bytes(d.mem_peak_bytes),
             human_bytes(d.mem_bytes_max),
+            human_bytes(d.process_rss_peak_bytes),
             d.stages_ok,
             d.stages_failed,
             d.stages_cancelled
@@ -586,9 +587,21 @@ pub async fn load(a: LoadArgs) -> Result<(), String> {
         ));
     }
     if !report.memory_within_budget {
-        return Err("a device exceeded its memory budget".into());
+        return Err(
+            "a device exceeded its memory budget (reservations past mem_bytes_max, or resident \
+             memory past it plus rss_overhead_bytes)"
+                .into(),
+        );
     }
     Ok(())
+}
+
+/// Whether a device held to its budget: its reservations within
+/// `mem_bytes_max`, and its server process's resident memory within it
+/// plus `rss_overhead_bytes`.
+fn within_budget(d: &insitu_wire::DeviceStats) -> bool {
+    let rss_limit = d.mem_bytes_max + insitu_host::budget::RSS_OVERHEAD_BYTES;
+    d.mem_peak_bytes <= d.mem_bytes_max && d.process_rss_peak_bytes <= rss_limit
 }
 
 /// The budgets of the devices in this process.

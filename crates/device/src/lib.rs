@@ -373,6 +373,10 @@ impl Device {
             operator_us: c.operator_us.lock().expect("operator times").clone(),
             spilled_runs: get(&c.spilled_runs),
             spilled_bytes: get(&c.spilled_bytes),
+            // A device server fills in its process's (an embedded device
+            // shares the host's).
+            process_rss_bytes: 0,
+            process_rss_peak_bytes: 0,
         }
     }
 

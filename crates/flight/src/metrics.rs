@@ -114,6 +114,18 @@ pub fn render(state: &ServerState) -> String {
         s.mem_bytes_max,
     );
     metric(
+        "resident_bytes",
+        "gauge",
+        "Resident memory of the server process now.",
+        s.process_rss_bytes,
+    );
+    metric(
+        "resident_peak_bytes",
+        "gauge",
+        "Highest resident memory of the server process since start.",
+        s.process_rss_peak_bytes,
+    );
+    metric(
         "spilled_runs_total",
         "counter",
         "Sorted runs written to storage by sorts past the memory budget.",

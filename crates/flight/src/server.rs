@@ -74,6 +74,8 @@ impl ServerState {
         let mut stats = self.device.stats();
         stats.bytes_sent = self.counters.bytes_sent.load(Ordering::Relaxed);
         stats.bytes_received = self.counters.bytes_received.load(Ordering::Relaxed);
+        stats.process_rss_bytes = insitu_extsort::io::current_rss_bytes();
+        stats.process_rss_peak_bytes = insitu_extsort::io::peak_rss_bytes();
         stats
     }
 

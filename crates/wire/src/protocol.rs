@@ -200,6 +200,14 @@ pub struct DeviceStats {
     pub spilled_runs: u64,
     #[serde(default)]
     pub spilled_bytes: u64,
+    /// Resident memory of the process serving the device, now and at its
+    /// peak (device servers; 0 for embedded devices, whose process is the
+    /// host's). A server stays within `mem_bytes_max` plus the
+    /// documented `rss_overhead_bytes`.
+    #[serde(default)]
+    pub process_rss_bytes: u64,
+    #[serde(default)]
+    pub process_rss_peak_bytes: u64,
 }
 
 /// Body of [`action::READ_RANGE`]: bytes `start..end` of a partition file.

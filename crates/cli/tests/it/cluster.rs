@@ -343,6 +343,12 @@ async fn metrics_and_query_ids_in_logs() {
         ),
         "{body}"
     );
+    let resident = body
+        .lines()
+        .find_map(|l| l.strip_prefix("insitu_device_resident_peak_bytes{device=\"0\"} "))
+        .and_then(|v| v.parse::<u64>().ok())
+        .unwrap_or_else(|| panic!("no resident peak:\n{body}"));
+    assert!(resident > 1 << 20, "the server's resident peak: {resident}");
 }
 
 /// Stops a cluster on drop.

@@ -1,7 +1,8 @@
 //! The bounded load test (slow tier): 8 concurrent clients for 30 s of
 //! mixed TPC-H queries at SF 0.1 against 4 device servers on loopback.
 //! `insitu bench load` fails on any query error or on a device whose
-//! memory high-water mark exceeds its budget; its report is checked here.
+//! memory high-water mark exceeds its budget, or whose server's resident
+//! memory exceeds it plus `rss_overhead_bytes`; its report is checked here.
 
 use crate::common::{insitu, TestCluster};
 
@@ -31,5 +32,8 @@ fn eight_clients_thirty_seconds_sf01_no_errors_within_memory_budget() {
         assert!(d["mem_peak_bytes"].as_u64().unwrap() > 0, "{d}");
         assert!(d["mem_peak_bytes"].as_u64().unwrap() <= 512 << 20, "{d}");
         assert_eq!(d["stages_failed"].as_u64(), Some(0), "{d}");
+        let rss = d["process_rss_peak_bytes"].as_u64().unwrap();
+        let overhead = insitu_host::budget::RSS_OVERHEAD_BYTES;
+        assert!(rss > 0 && rss <= (512 << 20) + overhead, "{d}");
     }
 }

@@ -315,3 +315,36 @@ fn resident_memory_stays_within_the_budgets_and_the_overhead() {
         );
     }
 }
+
+/// A device server whose budget a stage outgrows answers with an error
+/// naming the device and its budget, and goes on serving.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_device_server_survives_a_stage_past_its_budget() {
+    let cluster = common::TestCluster::up(1, &["--mem", "4096"]);
+    let csv = cluster.root.path().join("t.csv");
+    let rows: String = (0..2000).map(|i| format!("{i},{}\n", i % 7)).collect();
+    std::fs::write(&csv, format!("x,y\n{rows}")).unwrap();
+    cluster.load("t", &csv);
+    let push = cluster.host(Pushdown::On).await;
+    let e = push
+        .sql("select x, count(*) from t group by x")
+        .await
+        .expect_err("4096 bytes cannot hold the stage")
+        .to_string();
+    assert!(e.contains("device 0"), "{e}");
+    assert!(e.contains("mem_bytes_max=4096 bytes"), "{e}");
+    let pid = cluster.pid(0);
+    assert!(
+        Path::new(&format!("/proc/{pid}")).exists(),
+        "the server lives"
+    );
+    let pull = cluster.host(Pushdown::Off).await;
+    let outcome = pull
+        .sql("select count(*) as n, sum(y) as s from t")
+        .await
+        .expect("the server still serves");
+    let text = arrow::util::pretty::pretty_format_batches(&outcome.batches)
+        .unwrap()
+        .to_string();
+    assert!(text.contains("2000") && text.contains("5995"), "{text}");
+}
