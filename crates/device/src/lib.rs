@@ -494,7 +494,8 @@ impl Device {
         let schema: SchemaRef = root.schema();
         let ipc_err =
             |e: arrow::error::ArrowError| self.err(DeviceErrorKind::Execution, e.to_string());
-        let mut chunker = IpcChunker::start(&schema).map_err(ipc_err)?;
+        let mut chunker =
+            IpcChunker::start_with(&schema, envelope.result_codec).map_err(ipc_err)?;
         let send = |msg| async {
             tx.send(Ok(msg))
                 .await

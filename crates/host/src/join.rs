@@ -214,6 +214,7 @@ mod tests {
         config.options_mut().extensions.insert(InsituOptions {
             join_strategy: choice,
             host_mem_bytes_max: budget,
+            ..Default::default()
         });
         config
             .options_mut()

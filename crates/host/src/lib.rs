@@ -161,6 +161,7 @@ impl InsituHost {
         let options = InsituOptions {
             join_strategy: config.join_strategy,
             host_mem_bytes_max: config.mem_bytes_max,
+            ..Default::default()
         };
         session.options_mut().extensions.insert(options);
         // What each sort sets aside to merge its spilled runs; DataFusion's

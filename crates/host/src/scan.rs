@@ -32,9 +32,10 @@ use datafusion::physical_plan::{StatisticsArgs, StatisticsContext};
 use futures::{StreamExt, TryStreamExt};
 use insitu_device::DeviceMessage;
 use insitu_stage::{describe_stage, encode_stage, PartitionScanExec};
-use insitu_wire::StagePlanEnvelope;
+use insitu_wire::{ResultCodec, StagePlanEnvelope};
 
 use crate::catalog::DeviceShare;
+use crate::options::InsituOptions;
 use crate::stats::StageStatsSink;
 
 /// Runs a stage plan on each device that holds part of a table.
@@ -89,7 +90,12 @@ impl DeviceScanExec {
     }
 
     /// The stage bound to one device's partitions, encoded in its envelope.
-    pub fn envelope_for(&self, share: &DeviceShare, query_id: &str) -> Result<Vec<u8>> {
+    pub fn envelope_for(
+        &self,
+        share: &DeviceShare,
+        query_id: &str,
+        result_codec: ResultCodec,
+    ) -> Result<Vec<u8>> {
         let partitions = share.partition_ids();
         let bound = Arc::clone(&self.stage)
             .transform_up(|node| {
@@ -106,6 +112,7 @@ impl DeviceScanExec {
             query_id: query_id.to_string(),
             device: share.client.id(),
             descriptors: share.descriptors.iter().map(|d| d.format_only()).collect(),
+            result_codec,
             plan,
         }
         .encode())
@@ -208,7 +215,15 @@ impl ExecutionPlan for DeviceScanExec {
             .session_config()
             .get_extension::<crate::QueryId>()
             .map_or_else(|| context.session_id(), |q| q.0.clone());
-        let envelope = self.envelope_for(&share, &query_id)?;
+        let compression = context
+            .session_config()
+            .options()
+            .extensions
+            .get::<InsituOptions>()
+            .map(|o| o.result_compression)
+            .unwrap_or_default();
+        let codec = compression.codec_for(share.client.link().profile().bytes_per_sec);
+        let envelope = self.envelope_for(&share, &query_id, codec)?;
         // The query's own sink when it installed one, else the session's.
         let stats = context
             .session_config()

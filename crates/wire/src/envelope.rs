@@ -20,6 +20,36 @@ struct Header {
     query_id: String,
     device: u32,
     descriptors: Vec<FormatDescriptor>,
+    /// Absent from hosts that predate it: no compression.
+    #[serde(default)]
+    result_codec: ResultCodec,
+}
+
+/// How a device compresses the bodies of its result batches: Arrow IPC
+/// body compression, arrow-ipc's own codecs, which the host's decoder
+/// reads back.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ResultCodec {
+    /// Plain buffers (the device may encode batches where they lie).
+    #[default]
+    None,
+    /// LZ4 frames: fast both ways, for links slower than the codec.
+    Lz4Frame,
+    /// Zstandard: smaller than LZ4 at several times its CPU cost.
+    Zstd,
+}
+
+impl ResultCodec {
+    pub const ALL: [ResultCodec; 3] = [ResultCodec::None, ResultCodec::Lz4Frame, ResultCodec::Zstd];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            ResultCodec::None => "none",
+            ResultCodec::Lz4Frame => "lz4",
+            ResultCodec::Zstd => "zstd",
+        }
+    }
 }
 
 /// A stage plan addressed to one device.
@@ -30,6 +60,8 @@ pub struct StagePlanEnvelope {
     /// Descriptors of every partition the plan reads: the device checks them
     /// against its own manifest and never asks the host how to read its data.
     pub descriptors: Vec<FormatDescriptor>,
+    /// How the device compresses its result batches.
+    pub result_codec: ResultCodec,
     pub plan: Vec<u8>,
 }
 
@@ -40,6 +72,7 @@ impl StagePlanEnvelope {
             query_id: self.query_id.clone(),
             device: self.device,
             descriptors: self.descriptors.clone(),
+            result_codec: self.result_codec,
         })
         .expect("envelope header serializes");
         let mut out = Vec::with_capacity(8 + header.len() + self.plan.len());
@@ -88,6 +121,7 @@ impl StagePlanEnvelope {
             query_id: header.query_id,
             device: header.device,
             descriptors: header.descriptors,
+            result_codec: header.result_codec,
             plan: bytes[header_end..].to_vec(),
         })
     }
@@ -102,8 +136,19 @@ mod tests {
             query_id: "q1".into(),
             device: 2,
             descriptors: vec![],
+            result_codec: ResultCodec::Lz4Frame,
             plan: vec![1, 2, 3],
         }
+    }
+
+    #[test]
+    fn an_envelope_without_a_codec_asks_for_none() {
+        let header = br#"{"version":1,"query_id":"q","device":0,"descriptors":[]}"#;
+        let mut bytes = ENVELOPE_MAGIC.to_vec();
+        bytes.extend_from_slice(&(header.len() as u32).to_le_bytes());
+        bytes.extend_from_slice(header);
+        let e = StagePlanEnvelope::decode(&bytes, PLAN_BYTES_MAX).unwrap();
+        assert_eq!(e.result_codec, ResultCodec::None);
     }
 
     #[test]

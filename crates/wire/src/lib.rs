@@ -17,7 +17,9 @@ pub use descriptor::{
     ColumnStats, Encoding, FieldFormat, FormatDescriptor, HybridBlock, HybridLayout, LayoutKind,
     RowGroupStats, RowSlot, Section, DESCRIPTOR_VERSION,
 };
-pub use envelope::{StagePlanEnvelope, ENVELOPE_MAGIC, ENVELOPE_VERSION, PLAN_BYTES_MAX};
+pub use envelope::{
+    ResultCodec, StagePlanEnvelope, ENVELOPE_MAGIC, ENVELOPE_VERSION, PLAN_BYTES_MAX,
+};
 pub use error::{WireError, WireResult};
 pub use manifest::{Manifest, PartitionRef, MANIFEST_FILE, MANIFEST_VERSION};
 pub use protocol::{

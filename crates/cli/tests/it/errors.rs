@@ -129,6 +129,7 @@ async fn garbage_and_oversized_plans_are_errors() {
         query_id: "t".into(),
         device: 0,
         descriptors: vec![],
+        result_codec: Default::default(),
         plan: b"\x0a\x05hello garbage".to_vec(),
     };
     let mut rx = devices[0].execute(&envelope.encode()).expect("accepted");

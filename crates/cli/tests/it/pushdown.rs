@@ -113,3 +113,60 @@ fn interactive_prompt_runs_statements_until_eof() {
         "{stderr}"
     );
 }
+
+/// Compressed results give DuckDB's answers in fewer link bytes; `auto`
+/// compresses over 1 GbE and not over an unlimited link.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn compressed_results_match_duckdb_in_fewer_link_bytes() {
+    use insitu_device::root::DeviceBudget;
+    use insitu_host::{embedded_clients, HostConfig, InsituHost};
+    use insitu_link::LinkProfile;
+
+    let root = common::tpch_root(0.01, 4);
+    let host = common::host(&root, Pushdown::On).await;
+    let q3 = common::query_sql(3);
+    let fx = common::fixture("tpch-sf0.01", 3);
+    let mut bytes = vec![];
+    for codec in ["none", "lz4", "zstd", "auto"] {
+        let sql = format!("set insitu.result_compression = '{codec}'; {q3}");
+        let outcome = host
+            .sql(&sql)
+            .await
+            .unwrap_or_else(|e| panic!("{codec}: {e}"));
+        common::compare(3, &outcome.batches, &fx).unwrap();
+        bytes.push(outcome.stats.link_bytes_to_host);
+    }
+    let [none, lz4, zstd, auto] = bytes[..] else {
+        unreachable!()
+    };
+    assert!(
+        lz4 * 2 < none && zstd < lz4,
+        "none {none}, lz4 {lz4}, zstd {zstd}"
+    );
+    assert_eq!(auto, none, "an unlimited link ships plain batches");
+
+    let devices = common::open_devices(&root, &DeviceBudget::default());
+    let gbe: LinkProfile = "1gbe".parse().unwrap();
+    let slow = InsituHost::new(
+        embedded_clients(devices, gbe),
+        HostConfig {
+            pushdown: Pushdown::On,
+            target_partitions: 2,
+            ..Default::default()
+        },
+    )
+    .await
+    .unwrap();
+    let outcome = slow.sql(&q3).await.unwrap();
+    common::compare(3, &outcome.batches, &fx).unwrap();
+    assert_eq!(
+        outcome.stats.link_bytes_to_host, lz4,
+        "auto picks LZ4 over 1 GbE"
+    );
+    let e = slow
+        .sql("set insitu.result_compression = 'snappy'")
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("auto, none, lz4, zstd"), "{e}");
+}
