@@ -142,18 +142,28 @@ def measure_insitu(args, q: int, mode: str) -> dict:
     ]
     if args.host_mem:
         cmd += ["--host-mem", args.host_mem]
-    r = run_measured(cmd, args.timeout)
+    result, out = measure_worker(cmd, args.timeout)
+    if out is not None:
+        result["budgets_bytes"] = out.get("budgets_bytes")
+        result["memory"] = out.get("memory", "")
+    return result
+
+
+def measure_worker(cmd: list, timeout: float):
+    """Runs `cmd`, whose last stdout line is its JSON report: the result
+    (median, runs, rows, peak RSS, or the error) and the report itself
+    (None when the run failed)."""
+    r = run_measured(cmd, timeout)
     if "error" in r:
-        return {"error": r["error"], "peak_rss_bytes": r["peak_rss_bytes"]}
+        return {"error": r["error"], "peak_rss_bytes": r["peak_rss_bytes"]}, None
     out = json.loads(r["stdout"].strip().splitlines()[-1])
-    return {
+    result = {
         "median_secs": statistics.median(out["runs_secs"]),
         "runs_secs": out["runs_secs"],
         "rows": out["rows"],
         "peak_rss_bytes": r["peak_rss_bytes"],
-        "budgets_bytes": out.get("budgets_bytes"),
-        "memory": out.get("memory", ""),
     }
+    return result, out
 
 
 def measure_competitor(args, q: int, engine: str) -> dict:
@@ -161,17 +171,10 @@ def measure_competitor(args, q: int, engine: str) -> dict:
         sys.executable, __file__, "--worker", engine, "--root", args.root,
         "--query", str(q), "--runs", str(args.runs), "--threads", str(args.threads),
     ]
-    r = run_measured(cmd, args.timeout)
-    if "error" in r:
-        return {"error": r["error"], "peak_rss_bytes": r["peak_rss_bytes"]}
-    out = json.loads(r["stdout"].strip().splitlines()[-1])
-    return {
-        "median_secs": statistics.median(out["runs_secs"]),
-        "runs_secs": out["runs_secs"],
-        "rows": out["rows"],
-        "peak_rss_bytes": r["peak_rss_bytes"],
-        "version": out["version"],
-    }
+    result, out = measure_worker(cmd, args.timeout)
+    if out is not None:
+        result["version"] = out["version"]
+    return result
 
 
 def rss_target(duckdb_rss: int) -> int:

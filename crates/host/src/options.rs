@@ -75,21 +75,29 @@ impl FromStr for JoinChoice {
     }
 }
 
-impl ConfigField for JoinChoice {
-    fn visit<V: Visit>(&self, v: &mut V, key: &str, description: &'static str) {
-        v.some(key, self, description)
-    }
+/// A session setting read by name: set parses it ([`FromStr`]), reset
+/// restores its default, and it shows as its name ([`fmt::Display`]).
+macro_rules! config_field_by_name {
+    ($t:ty) => {
+        impl ConfigField for $t {
+            fn visit<V: Visit>(&self, v: &mut V, key: &str, description: &'static str) {
+                v.some(key, self, description)
+            }
 
-    fn set(&mut self, _key: &str, value: &str) -> Result<()> {
-        *self = value.parse()?;
-        Ok(())
-    }
+            fn set(&mut self, _key: &str, value: &str) -> Result<()> {
+                *self = value.parse()?;
+                Ok(())
+            }
 
-    fn reset(&mut self, _key: &str) -> Result<()> {
-        *self = JoinChoice::default();
-        Ok(())
-    }
+            fn reset(&mut self, _key: &str) -> Result<()> {
+                *self = <$t>::default();
+                Ok(())
+            }
+        }
+    };
 }
+
+config_field_by_name!(JoinChoice);
 
 /// How devices compress their results (`insitu.result_compression`).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -155,21 +163,7 @@ impl FromStr for CompressionChoice {
     }
 }
 
-impl ConfigField for CompressionChoice {
-    fn visit<V: Visit>(&self, v: &mut V, key: &str, description: &'static str) {
-        v.some(key, self, description)
-    }
-
-    fn set(&mut self, _key: &str, value: &str) -> Result<()> {
-        *self = value.parse()?;
-        Ok(())
-    }
-
-    fn reset(&mut self, _key: &str) -> Result<()> {
-        *self = CompressionChoice::default();
-        Ok(())
-    }
-}
+config_field_by_name!(CompressionChoice);
 
 #[cfg(test)]
 mod tests {
