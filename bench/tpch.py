@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""TPC-H: insitu (pushdown on and off) against DuckDB and DataFusion-Python,
+"""TPC-H: insitu (pushdown on, off and auto) against DuckDB and DataFusion-Python,
 time and peak resident memory per query, all engines in the same run.
 
 Every engine reads the very Parquet partitions insitu's devices hold; the
@@ -11,7 +11,7 @@ times out is recorded as failed and the run goes on; the exit status is
 1 if any did, or returned another row count than DuckDB.
 
 Usage: tpch.py --root DIR --sf SF [--queries all] [--runs 3] [--link 10gbe]
-               [--modes push,pull] [--engines insitu,duckdb,datafusion]
+               [--modes push,pull,auto] [--engines insitu,duckdb,datafusion]
                [--insitu PATH] [--out bench/results] [--timeout 1800]
 Writes OUT/tpch-sf{SF}-{link}.memory.{json,md}.
 """
@@ -137,7 +137,7 @@ def run_measured(cmd: list, timeout: float) -> dict:
 def measure_insitu(args, q: int, mode: str) -> dict:
     cmd = [
         args.insitu, "bench", "sql", query_sql(q), "--runs", str(args.runs),
-        "--pushdown", "on" if mode == "push" else "off", "--link", args.link,
+        "--pushdown", {"push": "on", "pull": "off", "auto": "auto"}[mode], "--link", args.link,
         "--root", args.root,
     ]
     if args.host_mem:
@@ -207,7 +207,7 @@ def markdown(report: dict) -> str:
     for r in report["queries"]:
         verdict = []
         duck = r.get("duckdb")
-        for mode in ("push", "pull"):
+        for mode in ("push", "pull", "auto"):
             m = r.get(f"insitu {mode}")
             if m is None or duck is None or "error" in duck:
                 continue
@@ -230,7 +230,7 @@ def markdown(report: dict) -> str:
     ]
     if failures:
         lines += ["Failures:", ""] + failures + [""]
-    for mode in ("push", "pull"):
+    for mode in ("push", "pull", "auto"):
         col = f"insitu {mode}"
         ms = [r[col] for r in report["queries"] if col in r and "error" not in r[col]]
         limit = lambda m: m["budgets_bytes"] + RSS_OVERHEAD_BYTES  # noqa: E731
@@ -250,7 +250,7 @@ def main() -> int:
     ap.add_argument("--queries", default="all")
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--link", default="10gbe")
-    ap.add_argument("--modes", default="push,pull")
+    ap.add_argument("--modes", default="push,pull,auto")
     ap.add_argument("--engines", default="insitu,duckdb,datafusion")
     ap.add_argument("--insitu", default=None)
     ap.add_argument("--host-mem", default=None)

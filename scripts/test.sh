@@ -32,7 +32,13 @@ if [ "${INSITU_SLOW_TESTS:-0}" = "1" ]; then
   INSITU_BENCH_DATA="$smoke/orderby" bench/orderby.sh 0.01 1 2 2
   # All 22 TPC-H queries, every engine and mode; fails on a failed query
   # or a row count other than DuckDB's.
-  INSITU_BENCH_DATA="$smoke/tpch" INSITU_BENCH_OUT="$smoke/tpch-results" bench/tpch.sh 0.01 all 1
+  # LINKS adds `insitu bench tpch` (push, pull and auto in one process).
+  INSITU_BENCH_DATA="$smoke/tpch" INSITU_BENCH_OUT="$smoke/tpch-results" LINKS=1gbe \
+    bench/tpch.sh 0.01 all 1
+  # The selectivity sweep on the same data, two links and two fractions;
+  # fails if the modes return different row counts.
+  INSITU_BENCH_DATA="$smoke/tpch" INSITU_BENCH_OUT="$smoke/tpch-results" LINKS=1gbe,unlimited \
+    FRACTIONS=0.01,1 bench/selectivity.sh 0.01 1
   # 128 MiB: DuckDB 2.0's ORDER BY ran out of memory at its 64 MiB limit
   # on these 38 MiB (and at 96 MiB on 114 MiB); insitu's merge paths are
   # covered by the extsort tests.

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use clap::Args;
 use insitu_device::root::{device_count, open_root};
 use insitu_device::Device;
-use insitu_host::{InsituHost, QueryStats};
+use insitu_host::{InsituHost, Pushdown, QueryStats};
 use insitu_link::LinkProfile;
 use serde::Serialize;
 
@@ -85,6 +85,14 @@ pub struct QueryResult {
     pub query: usize,
     pub push: ModeResult,
     pub pull: ModeResult,
+    /// `--pushdown auto`: per scan, what the cost model predicts fastest.
+    pub auto: ModeResult,
+    /// Auto's time over the better of push and pull's.
+    pub auto_vs_best: f64,
+    /// Where auto placed each scan, what the model predicted for each
+    /// candidate, and (for stages the devices ran) the slowest device's
+    /// measured stage time, from auto's last run.
+    pub placements: Vec<insitu_host::StagePlacement>,
     /// pull time / push time.
     pub speedup: f64,
     /// pull link bytes / push link bytes.
@@ -188,16 +196,21 @@ pub async fn compare(
     runs: usize,
     mut on_result: impl FnMut(&QueryResult),
 ) -> Result<Vec<QueryResult>, String> {
-    let push = host_with(target.clients(Some(link)).await?, true, memory).await?;
-    let pull = host_with(target.clients(Some(link)).await?, false, memory).await?;
+    let push = host_with(target.clients(Some(link)).await?, Pushdown::On, memory).await?;
+    let pull = host_with(target.clients(Some(link)).await?, Pushdown::Off, memory).await?;
+    let auto = host_with(target.clients(Some(link)).await?, Pushdown::Auto, memory).await?;
     let over_network = matches!(target, Target::Cluster(_));
     let mut results = vec![];
     for &q in queries {
         let sql = query(q).ok_or_else(|| format!("no TPC-H query {q}"))?;
-        let (mut push_runs, mut pull_runs) = (Ok(vec![]), Ok(vec![]));
+        let (mut push_runs, mut pull_runs, mut auto_runs) = (Ok(vec![]), Ok(vec![]), Ok(vec![]));
         // One warm-up run each, then the timed runs, modes taking turns.
         for i in 0..=runs.max(1) {
-            for (host, runs) in [(&push, &mut push_runs), (&pull, &mut pull_runs)] {
+            for (host, runs) in [
+                (&push, &mut push_runs),
+                (&pull, &mut pull_runs),
+                (&auto, &mut auto_runs),
+            ] {
                 if let Ok(list) = runs {
                     match run_once(host, sql).await {
                         Ok(run) if i > 0 => list.push(run),
@@ -228,13 +241,29 @@ pub async fn compare(
                 }
             }
         };
-        let (p, l) = (summarize(&push_runs), summarize(&pull_runs));
-        let answers_match = match (&push_runs, &pull_runs) {
-            (Ok(a), Ok(b)) => a.last().map(|r| &r.rows) == b.last().map(|r| &r.rows),
+        let (p, l, a) = (
+            summarize(&push_runs),
+            summarize(&pull_runs),
+            summarize(&auto_runs),
+        );
+        let answers_match = match (&push_runs, &pull_runs, &auto_runs) {
+            (Ok(a), Ok(b), Ok(c)) => {
+                let last = |runs: &Vec<Run>| runs.last().map(|r| r.rows.clone());
+                last(a) == last(b) && last(b) == last(c)
+            }
             _ => false,
         };
+        let placements = auto_runs
+            .as_ref()
+            .ok()
+            .and_then(|runs| runs.last())
+            .map(|r| r.stats.placements.clone())
+            .unwrap_or_default();
         let result = QueryResult {
             query: q,
+            auto_vs_best: a.median_secs / p.median_secs.min(l.median_secs),
+            auto: a,
+            placements,
             speedup: l.median_secs / p.median_secs,
             link_reduction: l.link_bytes as f64 / p.link_bytes.max(1) as f64,
             push: p,
@@ -249,38 +278,55 @@ pub async fn compare(
 
 pub fn markdown_table(results: &[QueryResult]) -> String {
     let mut md = String::from(
-        "| query | push (s) | pull (s) | speedup | link bytes push | link bytes pull | link bytes, push vs pull | device bytes read push | device bytes read pull | answers match |\n\
-         |---|---:|---:|---:|---:|---:|---:|---:|---:|---|\n",
+        "| query | push (s) | pull (s) | auto (s) | push vs pull | auto vs the better | link bytes push | link bytes pull | link bytes auto | auto placed | device bytes read push | device bytes read pull | answers match |\n\
+         |---|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---|\n",
     );
     for r in results {
-        if let Some(e) = r.push.error.as_ref().or(r.pull.error.as_ref()) {
-            let which = if r.push.error.is_some() {
-                "push"
-            } else {
-                "pull"
-            };
+        let failed = [("push", &r.push), ("pull", &r.pull), ("auto", &r.auto)]
+            .into_iter()
+            .find_map(|(name, m)| m.error.as_ref().map(|e| (name, e)));
+        if let Some((which, e)) = failed {
             md.push_str(&format!(
-                "| Q{} | failed ({which}): {} | | | | | | | | NO |\n",
+                "| Q{} | failed ({which}): {} | | | | | | | | | | | NO |\n",
                 r.query,
                 e.replace('|', "/").replace('\n', " ")
             ));
             continue;
         }
         md.push_str(&format!(
-            "| Q{} | {:.3} | {:.3} | {:.2}x | {} | {} | {} | {} | {} | {} |\n",
+            "| Q{} | {:.3} | {:.3} | {:.3} | {} | {} | {} | {} | {} | {} | {} | {} | {} |\n",
             r.query,
             r.push.median_secs,
             r.pull.median_secs,
-            r.speedup,
+            r.auto.median_secs,
+            crate::units::speed_words(r.speedup),
+            crate::units::speed_words(1.0 / r.auto_vs_best),
             human_bytes(r.push.link_bytes),
             human_bytes(r.pull.link_bytes),
-            crate::units::link_reduction_words(r.link_reduction),
+            human_bytes(r.auto.link_bytes),
+            placed_words(&r.placements),
             human_bytes(r.push.device_bytes_read),
             human_bytes(r.pull.device_bytes_read),
             if r.answers_match { "yes" } else { "NO" },
         ));
     }
     md
+}
+
+/// How auto placed a query's scans, e.g. `3 push, 1 pull`.
+pub fn placed_words(placements: &[insitu_host::StagePlacement]) -> String {
+    let mut counts = std::collections::BTreeMap::new();
+    for p in placements {
+        *counts.entry(p.choice.chosen.name()).or_insert(0) += 1;
+    }
+    if counts.is_empty() {
+        return "–".into();
+    }
+    counts
+        .iter()
+        .map(|(name, n)| format!("{n} {name}"))
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 /// Opens `root` if it holds TPC-H at this size, else generates it.
@@ -411,18 +457,23 @@ async fn report(
         a.link, a.runs
     );
     let results = compare(target, a.link, memory, queries, a.runs, |r| {
-        if let Some(e) = r.push.error.as_ref().or(r.pull.error.as_ref()) {
+        let failed = [&r.push, &r.pull, &r.auto]
+            .into_iter()
+            .find_map(|m| m.error.as_ref());
+        if let Some(e) = failed {
             eprintln!("Q{:<2} failed: {e}", r.query);
             return;
         }
         eprintln!(
-            "Q{:<2} push {:.3}s pull {:.3}s speedup {:.2}x link {} vs {}",
+            "Q{:<2} push {:.3}s pull {:.3}s auto {:.3}s ({}) link {} / {} / {}",
             r.query,
             r.push.median_secs,
             r.pull.median_secs,
-            r.speedup,
+            r.auto.median_secs,
+            placed_words(&r.placements),
             human_bytes(r.push.link_bytes),
-            human_bytes(r.pull.link_bytes)
+            human_bytes(r.pull.link_bytes),
+            human_bytes(r.auto.link_bytes),
         )
     })
     .await?;
@@ -513,7 +564,7 @@ pub async fn load(a: LoadArgs) -> Result<(), String> {
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs_f64(a.secs);
     let mut tasks = vec![];
     for client in 0..a.clients.max(1) {
-        let host = host_with(target.clients(None).await?, true, &memory).await?;
+        let host = host_with(target.clients(None).await?, Pushdown::On, &memory).await?;
         let queries = queries.clone();
         tasks.push(tokio::spawn(async move {
             let (mut latencies, mut errors) = (vec![], vec![]);
@@ -621,8 +672,8 @@ pub struct SqlBenchArgs {
     #[arg(long, default_value_t = 5)]
     pub runs: usize,
     /// Run the data-reducing work on the devices (on) or on the host (off).
-    #[arg(long, value_enum, default_value_t = crate::OnOff::On)]
-    pub pushdown: crate::OnOff,
+    #[arg(long, value_enum, default_value_t = crate::PushdownArg::Auto)]
+    pub pushdown: crate::PushdownArg,
     /// Link between host and each device (default: unlimited).
     #[arg(long)]
     pub link: Option<LinkProfile>,
@@ -634,7 +685,8 @@ pub struct SqlBenchArgs {
 #[derive(Debug, Serialize)]
 struct SqlBenchResult {
     query: String,
-    pushdown: bool,
+    /// `auto`, `on` or `off`.
+    pushdown: &'static str,
     rows: u64,
     runs_secs: Vec<f64>,
     median_secs: f64,
@@ -647,13 +699,16 @@ struct SqlBenchResult {
     budgets_bytes: u64,
     /// The last run's memory peaks and spills.
     memory: String,
+    /// With `--pushdown auto`: where each scan ran and what the model
+    /// predicted for every candidate (the last run).
+    placements: Vec<insitu_host::StagePlacement>,
 }
 
 pub async fn sql(a: SqlBenchArgs) -> Result<(), String> {
     if a.runs == 0 {
         return Err("--runs must be at least 1".into());
     }
-    let pushdown = a.pushdown == crate::OnOff::On;
+    let pushdown = a.pushdown.mode();
     let host = crate::session::open_host(&a.device, a.link, pushdown).await?;
     // Only the statistics are kept: a result held on to would make the
     // next run allocate its own afresh.
@@ -668,7 +723,7 @@ pub async fn sql(a: SqlBenchArgs) -> Result<(), String> {
     sorted.sort_by(f64::total_cmp);
     let result = SqlBenchResult {
         query: a.query,
-        pushdown,
+        pushdown: pushdown.name(),
         rows: last.result_rows,
         median_secs: sorted[sorted.len() / 2],
         runs_secs: runs,
@@ -676,6 +731,7 @@ pub async fn sql(a: SqlBenchArgs) -> Result<(), String> {
         peak_rss_bytes: insitu_extsort::io::peak_rss_bytes(),
         budgets_bytes: host.memory().budget() as u64 + embedded_budgets(&host),
         memory: last.memory_summary(),
+        placements: last.placements.clone(),
     };
     println!(
         "{}",

@@ -2,11 +2,13 @@
 
 mod allocator;
 mod bench;
+mod calibrate;
 mod demo;
 mod output;
 mod records;
 mod server;
 mod session;
+mod simulate;
 mod sortjob;
 mod tpch_queries;
 mod units;
@@ -50,8 +52,15 @@ enum Command {
     /// Sort a file of fixed-size records larger than memory (two-phase
     /// external merge sort; run size and fan-in from paper 001's model).
     Extsort(records::ExtsortArgs),
-    /// Build TPC-H SF1 on 4 devices (once) and compare pushdown with pull.
+    /// Build TPC-H SF1 on 4 devices (once) and compare pushdown, pull and
+    /// the cost model's choice.
     Demo(DemoArgs),
+    /// Measure the devices' and the host's read and compute rates again
+    /// and write their profiles (the cost model plans with them).
+    Calibrate(calibrate::CalibrateArgs),
+    /// Project a measured run's stages to other device counts, links and
+    /// SmartSSD-like devices with the cost model; writes CSV and SVG.
+    Simulate(simulate::SimulateArgs),
     /// Benchmarks.
     Bench {
         #[command(subcommand)]
@@ -203,10 +212,25 @@ struct LoadArgs {
     files: Vec<PathBuf>,
 }
 
+/// Where a query's data-reducing work runs.
 #[derive(Copy, Clone, Debug, PartialEq, Eq, ValueEnum)]
-pub enum OnOff {
+pub enum PushdownArg {
+    /// Per scan, whatever the cost model predicts fastest.
+    Auto,
+    /// On the devices, everything they can run.
     On,
+    /// On the host: devices ship their stored pages.
     Off,
+}
+
+impl PushdownArg {
+    pub fn mode(self) -> insitu_host::Pushdown {
+        match self {
+            PushdownArg::Auto => insitu_host::Pushdown::Auto,
+            PushdownArg::On => insitu_host::Pushdown::On,
+            PushdownArg::Off => insitu_host::Pushdown::Off,
+        }
+    }
 }
 
 #[derive(Copy, Clone, Debug, PartialEq, Eq, ValueEnum)]
@@ -224,9 +248,10 @@ struct SqlArgs {
     /// (default: unlimited, or a cluster file's per-device links).
     #[arg(long)]
     link: Option<LinkProfile>,
-    /// Run the data-reducing work on the devices (on) or on the host (off).
-    #[arg(long, value_enum, default_value_t = OnOff::On)]
-    pushdown: OnOff,
+    /// Where the data-reducing work runs: per scan as the cost model
+    /// predicts fastest (auto), on the devices (on) or on the host (off).
+    #[arg(long, value_enum, default_value_t = PushdownArg::Auto)]
+    pushdown: PushdownArg,
     /// Output format of results.
     #[arg(long, value_enum, default_value_t = Format::Table)]
     format: Format,
@@ -240,9 +265,9 @@ pub struct DemoArgs {
     /// after [default: demo-tpch-sf{SF}-{DEVICES}dev in the data directory]
     #[arg(long)]
     pub root: Option<PathBuf>,
-    /// Link for the comparison.
-    #[arg(long, default_value = "10gbe")]
-    pub link: LinkProfile,
+    /// Links to compare over, comma-separated.
+    #[arg(long, value_delimiter = ',', default_value = "1gbe,10gbe")]
+    pub link: Vec<LinkProfile>,
     /// Scale factor of the demo data.
     #[arg(long, default_value_t = 1.0)]
     pub sf: f64,
@@ -320,8 +345,7 @@ async fn run(cli: Cli) -> Result<(), String> {
             session::load(&a.device, &a.table, a.devices, a.replace, layout, &a.files).await
         }
         Command::Sql(a) => {
-            let pushdown = a.pushdown == OnOff::On;
-            let host = session::open_host(&a.device, a.link, pushdown).await?;
+            let host = session::open_host(&a.device, a.link, a.pushdown.mode()).await?;
             match a.query {
                 Some(q) => session::run_and_print(&host, &q, a.format).await,
                 None => session::repl(&host, a.format).await,
@@ -332,6 +356,8 @@ async fn run(cli: Cli) -> Result<(), String> {
         Command::Valsort(a) => session::blocking(move || records::valsort(a)).await,
         Command::Extsort(a) => session::blocking(move || records::extsort(a)).await,
         Command::Demo(a) => demo::run(a).await,
+        Command::Calibrate(a) => calibrate::run(a).await,
+        Command::Simulate(a) => simulate::run(a),
         Command::Bench {
             what: BenchWhat::Tpch(a),
         } => bench::run(a).await,

@@ -285,7 +285,7 @@ impl Target {
 pub async fn open_host(
     args: &DeviceArgs,
     link: Option<LinkProfile>,
-    pushdown: bool,
+    pushdown: Pushdown,
 ) -> Result<InsituHost, String> {
     let target = Target::of(args)?;
     let clients = target.clients(link).await?;
@@ -298,6 +298,9 @@ pub async fn open_host(
 pub struct HostMemorySettings {
     pub mem_bytes_max: usize,
     pub spill_root: PathBuf,
+    /// The host's profile kept in the root (embedded devices); measured
+    /// when the session starts otherwise.
+    pub host_profile: Option<insitu_wire::HostProfile>,
 }
 
 impl HostMemorySettings {
@@ -312,6 +315,10 @@ impl HostMemorySettings {
             Target::Embedded(devices) => Ok(Self {
                 mem_bytes_max: plan_memory(args, devices.len() as u32, 0)?.host,
                 spill_root: args.root.join(insitu_device::root::HOST_SPILL_DIR),
+                host_profile: Some(insitu_device::calibrate::host_profile(
+                    &args.root,
+                    host_threads(),
+                )?),
             }),
             Target::Cluster(path) => {
                 let file = ClusterFile::load(path).map_err(|e| e.to_string())?;
@@ -327,6 +334,7 @@ impl HostMemorySettings {
                 Ok(Self {
                     mem_bytes_max: plan_memory(args, 0, local)?.host,
                     spill_root: file.host_spill_root(path),
+                    host_profile: None,
                 })
             }
         }
@@ -346,6 +354,11 @@ pub async fn host_memory_for(
     HostMemorySettings::of(args, target, &clients)
 }
 
+/// Threads the host computes with (DataFusion's target partitions).
+pub fn host_threads() -> u32 {
+    std::thread::available_parallelism().map_or(1, |n| n.get() as u32)
+}
+
 /// Whether an endpoint URL names this machine.
 fn is_loopback(endpoint: &str) -> bool {
     let rest = endpoint.split_once("://").map_or(endpoint, |(_, r)| r);
@@ -360,16 +373,13 @@ fn is_loopback(endpoint: &str) -> bool {
 
 pub async fn host_with(
     clients: Vec<Arc<dyn DeviceClient>>,
-    pushdown: bool,
+    pushdown: Pushdown,
     memory: &HostMemorySettings,
 ) -> Result<InsituHost, String> {
     let config = HostConfig {
-        pushdown: if pushdown {
-            Pushdown::On
-        } else {
-            Pushdown::Off
-        },
+        pushdown,
         mem_bytes_max: memory.mem_bytes_max,
+        profile: memory.host_profile.clone(),
         spill_root: memory.spill_root.clone(),
         ..Default::default()
     };
@@ -384,10 +394,7 @@ pub fn stats_footer(stats: &QueryStats, host: &InsituHost) -> String {
         .first()
         .map(|c| c.link().profile())
         .unwrap_or(LinkProfile::UNLIMITED);
-    let mode = match host.config().pushdown {
-        Pushdown::On => "pushdown on",
-        Pushdown::Off => "pushdown off",
-    };
+    let mode = format!("pushdown {}", host.config().pushdown.name());
     format!(
         "{} rows in {:.3} s ({mode}, link {link}) | devices read {} rows, {} | link: {} to devices, {} to host | memory: {}",
         stats.result_rows,

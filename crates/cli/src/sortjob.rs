@@ -101,7 +101,7 @@ pub async fn run(a: SortArgs) -> Result<(), String> {
         })
         .collect::<Result<_, String>>()?;
     let memory = crate::session::HostMemorySettings::of(&a.device, &target, &clients)?;
-    let host = crate::session::host_with(clients, true, &memory).await?;
+    let host = crate::session::host_with(clients, insitu_host::Pushdown::On, &memory).await?;
     let info = host
         .tables()
         .get(&a.table)

@@ -7,6 +7,7 @@
 //! an Arrow IPC stream followed by its statistics. It never sees SQL.
 
 mod binder;
+pub mod calibrate;
 mod error;
 mod hybrid_sort;
 mod ipc;
@@ -43,8 +44,8 @@ use futures::StreamExt;
 use insitu_format::{load_manifest, store_manifest, PartitionWriter, WriterOptions};
 use insitu_stage::{bind_stage, decode_stage_unbound, MeteredPool};
 use insitu_wire::{
-    Capabilities, DeviceStats, Encoding, FormatDescriptor, LayoutKind, Manifest, Operator,
-    StagePlanEnvelope, PLAN_BYTES_MAX, PROTOCOL_VERSION,
+    Capabilities, DeviceProfile, DeviceStats, Encoding, FormatDescriptor, LayoutKind, Manifest,
+    Operator, StagePlanEnvelope, PLAN_BYTES_MAX, PROTOCOL_VERSION,
 };
 use object_store::local::LocalFileSystem;
 use object_store::{ObjectStore, ObjectStoreExt};
@@ -161,6 +162,8 @@ pub struct Device {
     /// stage can report the query's peak on this device.
     query_pools: Mutex<HashMap<String, Weak<MeteredPool>>>,
     counters: Counters,
+    /// How fast this device reads and computes, for the host's cost model.
+    profile: DeviceProfile,
 }
 
 /// Running totals behind [`Device::stats`].
@@ -235,7 +238,11 @@ impl Device {
                 format!("device directory {}: {e}", dir.display()),
             )
         })?;
-        Self::start(&dir, config, manifest)
+        let mut profile = calibrate::device_profile(&dir, config.threads as u32)
+            .map_err(|e| DeviceError::new(id, DeviceErrorKind::Corrupt, e))?;
+        // Threads are configured, not measured.
+        profile.threads = config.threads.max(1) as u32;
+        Self::start(&dir, config, manifest, profile)
     }
 
     /// Creates the device directory if needed, then opens it.
@@ -250,7 +257,12 @@ impl Device {
         Self::open(dir, config)
     }
 
-    fn start(dir: &Path, config: DeviceConfig, manifest: Manifest) -> DeviceResult<Arc<Self>> {
+    fn start(
+        dir: &Path,
+        config: DeviceConfig,
+        manifest: Manifest,
+        profile: DeviceProfile,
+    ) -> DeviceResult<Arc<Self>> {
         let id = config.id;
         let internal = |e: String| DeviceError::new(id, DeviceErrorKind::Execution, e);
         let threads = config.threads.max(1);
@@ -299,6 +311,7 @@ impl Device {
             pool,
             query_pools: Mutex::new(HashMap::new()),
             counters: Counters::default(),
+            profile,
         }))
     }
 
@@ -348,7 +361,13 @@ impl Device {
             .collect(),
             mem_bytes_max: self.config.mem_bytes_max as u64,
             threads: self.config.threads as u32,
+            profile: Some(self.profile.clone()),
         }
+    }
+
+    /// How fast this device reads and computes.
+    pub fn profile(&self) -> &DeviceProfile {
+        &self.profile
     }
 
     /// Counters since the device started.

@@ -138,6 +138,7 @@ impl FlightDeviceClient {
                 encodings: vec![],
                 mem_bytes_max: 0,
                 threads: 0,
+                profile: None,
             },
             link,
             options,

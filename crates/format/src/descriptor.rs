@@ -80,8 +80,13 @@ pub(crate) fn describe(
             byte_size: meta.compressed_size() as u64,
             columns: per_column_stats
                 .iter()
-                .map(|(name, mins, maxes, nulls)| ColumnStats {
+                .enumerate()
+                .map(|(i, (name, mins, maxes, nulls))| ColumnStats {
                     column: name.clone(),
+                    compressed_bytes: meta
+                        .columns()
+                        .get(i)
+                        .map(|c| c.compressed_size().max(0) as u64),
                     min: render(mins, rg),
                     max: render(maxes, rg),
                     null_count: (rg < nulls.len() && nulls.is_valid(rg)).then(|| nulls.value(rg)),

@@ -17,7 +17,8 @@ pub mod join;
 pub mod memory;
 pub mod merge;
 pub mod options;
-pub mod provider;
+pub mod placement;
+mod provider;
 pub mod pull;
 pub mod rule;
 pub mod scan;
@@ -48,6 +49,7 @@ pub use client::{embedded_clients, DeviceClient, EmbeddedClient};
 pub use join::JoinStrategy;
 pub use memory::HostMemory;
 pub use options::{InsituOptions, JoinChoice};
+pub use placement::{ChoosePlacement, PlacementChoice, PlacementExec, StagePlacement};
 pub use provider::{InsituTable, Pushdown};
 pub use pull::{PullStore, PULL_STORE_URL};
 pub use rule::FoldIntoStages;
@@ -68,16 +70,20 @@ pub struct HostConfig {
     pub spill_root: PathBuf,
     /// How equi-joins run (`insitu.join_strategy`).
     pub join_strategy: JoinChoice,
+    /// How fast the host computes, for the placement of auto scans;
+    /// measured when the session starts if `None`.
+    pub profile: Option<insitu_wire::HostProfile>,
 }
 
 impl Default for HostConfig {
     fn default() -> Self {
         Self {
-            pushdown: Pushdown::On,
+            pushdown: Pushdown::Auto,
             target_partitions: std::thread::available_parallelism().map_or(2, |n| n.get()),
             mem_bytes_max: budget::HOST_MEM_BYTES_DEFAULT,
             spill_root: std::env::temp_dir().join("insitu-spill"),
             join_strategy: JoinChoice::Auto,
+            profile: None,
         }
     }
 }
@@ -137,7 +143,7 @@ pub struct InsituHost {
 /// right after join selection (before distribution and sorts are
 /// enforced, which a sort-merge join needs), the fold into stages, then
 /// the string view rules ([`views`]) last.
-fn physical_rules() -> Vec<Arc<dyn PhysicalOptimizerRule + Send + Sync>> {
+fn physical_rules(placement: ChoosePlacement) -> Vec<Arc<dyn PhysicalOptimizerRule + Send + Sync>> {
     let mut rules = PhysicalOptimizer::new().rules;
     let after = rules
         .iter()
@@ -145,6 +151,7 @@ fn physical_rules() -> Vec<Arc<dyn PhysicalOptimizerRule + Send + Sync>> {
         .map_or(0, |i| i + 1);
     rules.insert(after, Arc::new(JoinStrategy));
     rules.push(Arc::new(FoldIntoStages));
+    rules.push(Arc::new(placement));
     rules.push(Arc::new(views::ShrinkJoinViews));
     rules.push(Arc::new(views::SortPlainStrings));
     rules
@@ -176,6 +183,11 @@ impl InsituHost {
         session.options_mut().execution.max_spill_file_size_bytes =
             ConfigNonZeroUsize::try_new(REPARTITION_SPILL_FILE_BYTES_MAX)?;
         let memory = HostMemory::new(config.mem_bytes_max, &config.spill_root)?;
+        let threads = config.target_partitions.max(1) as u32;
+        let host_profile = match &config.profile {
+            Some(p) => p.clone(),
+            None => insitu_device::calibrate::measure_host_profile(threads),
+        };
         let runtime = memory.runtime()?;
         let url = url::Url::parse(PULL_STORE_URL).expect("pull store url");
         runtime.register_object_store(&url, Arc::new(PullStore::new(tables.values())));
@@ -184,7 +196,7 @@ impl InsituHost {
             .with_runtime_env(runtime)
             .with_default_features()
             .with_optimizer_rule(Arc::new(semijoin::PushSemiJoinDown))
-            .with_physical_optimizer_rules(physical_rules())
+            .with_physical_optimizer_rules(physical_rules(ChoosePlacement::new(host_profile)))
             .build();
         let ctx = SessionContext::new_with_state(state);
         for info in tables.values() {
@@ -293,6 +305,7 @@ impl InsituHost {
             device_spilled_bytes: stages.spilled_bytes,
             host_spilled_bytes: last.host_spilled_bytes,
             replanned,
+            placements: std::mem::take(&mut last.placements),
         };
         if last.analyzed {
             last.batches.push(memory_report(&last.schema, &stats)?);
@@ -337,6 +350,7 @@ impl InsituHost {
             batches,
             host_spilled_bytes: spilled_bytes(&plan),
             analyzed: plan.name() == "AnalyzeExec",
+            placements: placement::placements(&plan),
         })
     }
 
@@ -419,6 +433,7 @@ struct StatementResult {
     host_spilled_bytes: u64,
     /// An EXPLAIN ANALYZE, whose result gets a memory line.
     analyzed: bool,
+    placements: Vec<StagePlacement>,
 }
 
 impl StatementResult {
@@ -428,6 +443,7 @@ impl StatementResult {
             batches,
             host_spilled_bytes: 0,
             analyzed: false,
+            placements: vec![],
         }
     }
 }

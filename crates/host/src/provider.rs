@@ -13,33 +13,40 @@ use async_trait::async_trait;
 use datafusion::catalog::{Session, TableProvider};
 use datafusion::common::tree_node::{Transformed, TreeNode};
 use datafusion::common::{Column, DFSchema, Result, Statistics};
-use datafusion::datasource::listing::PartitionedFile;
-use datafusion::datasource::physical_plan::{FileScanConfigBuilder, ParquetSource};
-use datafusion::datasource::source::DataSourceExec;
 use datafusion::datasource::TableType;
-use datafusion::execution::object_store::ObjectStoreUrl;
 use datafusion::logical_expr::utils::conjunction;
 use datafusion::logical_expr::{Expr, TableProviderFilterPushDown};
 use datafusion::physical_expr::PhysicalExpr;
-use datafusion::physical_plan::empty::EmptyExec;
 use datafusion::physical_plan::filter::FilterExec;
 use datafusion::physical_plan::limit::LocalLimitExec;
 use datafusion::physical_plan::projection::ProjectionExec;
-use datafusion::physical_plan::union::UnionExec;
 use datafusion::physical_plan::ExecutionPlan;
-use insitu_stage::{HybridFile, HybridScanExec, PartitionScanExec};
-use insitu_wire::{LayoutKind, Operator};
+use insitu_stage::PartitionScanExec;
+use insitu_wire::Operator;
 
 use crate::catalog::TableInfo;
-use crate::pull::{pull_path, PULL_STORE_URL};
+use crate::pull::{pull_source, PullScan};
 use crate::scan::DeviceScanExec;
 use crate::stats::StageStatsSink;
 
 /// Whether the devices run the data-reducing work or the host does.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Pushdown {
+    /// Per scan, whatever the cost model predicts fastest (see
+    /// [`crate::placement`]).
+    Auto,
     On,
     Off,
+}
+
+impl Pushdown {
+    pub fn name(self) -> &'static str {
+        match self {
+            Pushdown::Auto => "auto",
+            Pushdown::On => "on",
+            Pushdown::Off => "off",
+        }
+    }
 }
 
 #[derive(Debug)]
@@ -137,11 +144,10 @@ impl InsituTable {
         if let (Some(n), true) = (limit, self.info.supports(Operator::Limit)) {
             stage = Arc::new(LocalLimitExec::new(stage, n));
         }
-        let scan: Arc<dyn ExecutionPlan> = Arc::new(DeviceScanExec::new(
-            stage,
-            self.info.shares.clone(),
-            Arc::clone(&self.stats),
-        ));
+        let scan: Arc<dyn ExecutionPlan> = Arc::new(
+            DeviceScanExec::new(stage, self.info.shares.clone(), Arc::clone(&self.stats))
+                .with_auto(self.pushdown == Pushdown::Auto),
+        );
         match (narrow, device_projects) {
             (Some(exprs), false) => Ok(Arc::new(ProjectionExec::try_new(exprs, scan)?)),
             _ => Ok(scan),
@@ -156,63 +162,18 @@ impl InsituTable {
         limit: Option<usize>,
     ) -> Result<Arc<dyn ExecutionPlan>> {
         let schema = &self.info.schema;
-        let mut source = ParquetSource::new(Arc::clone(schema));
-        if let Some(predicate) = self.physical_filters(state, filters, schema)? {
-            source = source.with_predicate(predicate);
-        }
-        let mut builder =
-            FileScanConfigBuilder::new(ObjectStoreUrl::parse(PULL_STORE_URL)?, Arc::new(source))
-                .with_statistics(pull_statistics(&self.statistics));
-        let mut any = false;
-        let mut hybrid = vec![];
-        for share in &self.info.shares {
-            for d in &share.descriptors {
-                let path = pull_path(share.client.id(), &d.table, d.partition);
-                if d.layout == LayoutKind::Hybrid {
-                    hybrid.push(HybridFile::new(path.into(), d.clone())?);
-                    continue;
-                }
-                builder = builder.with_file(PartitionedFile::new(path, d.byte_size));
-                any = true;
-            }
-        }
-        let target = state.config().target_partitions();
-        let hybrid_scan = (!hybrid.is_empty())
-            .then(|| {
-                HybridScanExec::try_new(
-                    ObjectStoreUrl::parse(PULL_STORE_URL)?,
-                    hybrid,
-                    Arc::clone(schema),
-                    projection.cloned(),
-                    target,
-                )
-            })
-            .transpose()?
-            .map(|s| Arc::new(s) as Arc<dyn ExecutionPlan>);
-        if let Some(h) = &hybrid_scan {
-            if !any {
-                return Ok(Arc::clone(h));
-            }
-        }
-        if !any {
-            let projected = match projection {
-                Some(p) => Arc::new(schema.project(p)?),
-                None => Arc::clone(schema),
-            };
-            return Ok(Arc::new(EmptyExec::new(projected)));
-        }
-        let config = builder
-            .with_projection_indices(projection.cloned())?
-            .with_limit(limit)
-            .build();
-        let exec: Arc<dyn ExecutionPlan> = DataSourceExec::from_data_source(config);
-        let exec = exec
-            .repartitioned(target, state.config_options())?
-            .unwrap_or(exec);
-        match hybrid_scan {
-            Some(h) => UnionExec::try_new(vec![exec, h]),
-            None => Ok(exec),
-        }
+        let predicate = self.physical_filters(state, filters, schema)?;
+        pull_source(
+            &PullScan {
+                shares: &self.info.shares,
+                schema,
+                statistics: &self.statistics,
+                projection,
+                predicate,
+                limit,
+            },
+            state.config_options(),
+        )
     }
 }
 
@@ -268,10 +229,12 @@ impl TableProvider for InsituTable {
         Ok(filters
             .iter()
             .map(|f| match self.pushdown {
-                Pushdown::On if self.info.supports(Operator::Filter) && device_can_evaluate(f) => {
+                Pushdown::On | Pushdown::Auto
+                    if self.info.supports(Operator::Filter) && device_can_evaluate(f) =>
+                {
                     TableProviderFilterPushDown::Exact
                 }
-                Pushdown::On => TableProviderFilterPushDown::Unsupported,
+                Pushdown::On | Pushdown::Auto => TableProviderFilterPushDown::Unsupported,
                 Pushdown::Off => TableProviderFilterPushDown::Inexact,
             })
             .collect())
@@ -285,18 +248,8 @@ impl TableProvider for InsituTable {
         limit: Option<usize>,
     ) -> Result<Arc<dyn ExecutionPlan>> {
         match self.pushdown {
-            Pushdown::On => self.push_scan(state, projection, filters, limit),
+            Pushdown::On | Pushdown::Auto => self.push_scan(state, projection, filters, limit),
             Pushdown::Off => self.pull_scan(state, projection, filters, limit),
         }
     }
-}
-
-/// The table's statistics for a pull scan, without a byte size: the scan
-/// projects them keeping the whole table's size, which would make the
-/// join planner build on the side that reads fewer columns, not the
-/// smaller one; without it, the planner weighs rows.
-fn pull_statistics(table: &Statistics) -> Statistics {
-    let mut stats = table.clone();
-    stats.total_byte_size = datafusion::common::stats::Precision::Absent;
-    stats
 }

@@ -185,3 +185,101 @@ impl ObjectStore for PullStore {
         Err(read_only())
     }
 }
+
+/// What a pull scan reads: the partition files of `shares`, through the
+/// link, as DataFusion's Parquet scan (or the hybrid scan) reads a lake.
+pub struct PullScan<'a> {
+    pub shares: &'a [crate::catalog::DeviceShare],
+    /// The table's full schema.
+    pub schema: &'a arrow::datatypes::SchemaRef,
+    /// The table's planning statistics.
+    pub statistics: &'a datafusion::common::Statistics,
+    pub projection: Option<&'a Vec<usize>>,
+    /// Over `schema`: prunes row groups and pages (the rows it keeps are
+    /// still filtered above).
+    pub predicate: Option<Arc<dyn datafusion::physical_expr::PhysicalExpr>>,
+    pub limit: Option<usize>,
+}
+
+/// The host plan of a pull scan.
+pub fn pull_source(
+    scan: &PullScan<'_>,
+    config: &datafusion::config::ConfigOptions,
+) -> datafusion::common::Result<Arc<dyn datafusion::physical_plan::ExecutionPlan>> {
+    use datafusion::datasource::listing::PartitionedFile;
+    use datafusion::datasource::physical_plan::{FileScanConfigBuilder, ParquetSource};
+    use datafusion::datasource::source::DataSourceExec;
+    use datafusion::execution::object_store::ObjectStoreUrl;
+    use datafusion::physical_plan::empty::EmptyExec;
+    use datafusion::physical_plan::union::UnionExec;
+    use datafusion::physical_plan::ExecutionPlan;
+    use insitu_stage::{HybridFile, HybridScanExec};
+    use insitu_wire::LayoutKind;
+
+    let schema = scan.schema;
+    let mut source = ParquetSource::new(Arc::clone(schema));
+    if let Some(predicate) = &scan.predicate {
+        source = source.with_predicate(Arc::clone(predicate));
+    }
+    let mut builder =
+        FileScanConfigBuilder::new(ObjectStoreUrl::parse(PULL_STORE_URL)?, Arc::new(source))
+            .with_statistics(pull_statistics(scan.statistics));
+    let mut any = false;
+    let mut hybrid = vec![];
+    for share in scan.shares {
+        for d in &share.descriptors {
+            let path = pull_path(share.client.id(), &d.table, d.partition);
+            if d.layout == LayoutKind::Hybrid {
+                hybrid.push(HybridFile::new(path.into(), d.clone())?);
+                continue;
+            }
+            builder = builder.with_file(PartitionedFile::new(path, d.byte_size));
+            any = true;
+        }
+    }
+    let target = config.execution.target_partitions;
+    let hybrid_scan = (!hybrid.is_empty())
+        .then(|| {
+            HybridScanExec::try_new(
+                ObjectStoreUrl::parse(PULL_STORE_URL)?,
+                hybrid,
+                Arc::clone(schema),
+                scan.projection.cloned(),
+                target,
+            )
+        })
+        .transpose()?
+        .map(|s| Arc::new(s) as Arc<dyn ExecutionPlan>);
+    if let Some(h) = &hybrid_scan {
+        if !any {
+            return Ok(Arc::clone(h));
+        }
+    }
+    if !any {
+        let projected = match scan.projection {
+            Some(p) => Arc::new(schema.project(p)?),
+            None => Arc::clone(schema),
+        };
+        return Ok(Arc::new(EmptyExec::new(projected)));
+    }
+    let file_scan = builder
+        .with_projection_indices(scan.projection.cloned())?
+        .with_limit(scan.limit)
+        .build();
+    let exec: Arc<dyn ExecutionPlan> = DataSourceExec::from_data_source(file_scan);
+    let exec = exec.repartitioned(target, config)?.unwrap_or(exec);
+    match hybrid_scan {
+        Some(h) => UnionExec::try_new(vec![exec, h]),
+        None => Ok(exec),
+    }
+}
+
+/// The table's statistics for a pull scan, without a byte size: the scan
+/// projects them keeping the whole table's size, which would make the
+/// join planner build on the side that reads fewer columns, not the
+/// smaller one; without it, the planner weighs rows.
+fn pull_statistics(table: &datafusion::common::Statistics) -> datafusion::common::Statistics {
+    let mut stats = table.clone();
+    stats.total_byte_size = datafusion::common::stats::Precision::Absent;
+    stats
+}

@@ -48,6 +48,10 @@ pub struct DeviceScanExec {
     properties: Arc<PlanProperties>,
     /// Per device (partition): what its stage reported, for EXPLAIN ANALYZE.
     metrics: ExecutionPlanMetricsSet,
+    /// Whether the placement rule may move this stage's work to the host.
+    auto: bool,
+    /// What the placement rule predicted for each candidate, and chose.
+    placement: Option<Arc<crate::placement::PlacementChoice>>,
 }
 
 impl DeviceScanExec {
@@ -72,7 +76,33 @@ impl DeviceScanExec {
             stats,
             properties: Arc::new(properties),
             metrics: ExecutionPlanMetricsSet::new(),
+            auto: false,
+            placement: None,
         }
+    }
+
+    /// The same scan, which the placement rule may pull to the host.
+    pub fn with_auto(mut self, auto: bool) -> Self {
+        self.auto = auto;
+        self
+    }
+
+    /// What the placement rule predicted and chose for this scan.
+    pub fn placement(&self) -> Option<&crate::placement::PlacementChoice> {
+        self.placement.as_deref()
+    }
+
+    pub fn is_auto(&self) -> bool {
+        self.auto
+    }
+
+    /// The same scan, placed by the rule as `choice` says.
+    pub fn with_placement(&self, choice: Arc<crate::placement::PlacementChoice>) -> Self {
+        let mut out = self.clone();
+        out.auto = false;
+        out.metrics = ExecutionPlanMetricsSet::new();
+        out.placement = Some(choice);
+        out
     }
 
     pub fn shares(&self) -> &[DeviceShare] {
@@ -86,7 +116,7 @@ impl DeviceScanExec {
     /// The same devices running a bigger stage (the optimizer folds host
     /// operators into it).
     pub fn with_stage(&self, stage: Arc<dyn ExecutionPlan>) -> Self {
-        Self::new(stage, self.shares.clone(), Arc::clone(&self.stats))
+        Self::new(stage, self.shares.clone(), Arc::clone(&self.stats)).with_auto(self.auto)
     }
 
     /// The stage bound to one device's partitions, encoded in its envelope.
@@ -131,7 +161,11 @@ impl DisplayAs for DeviceScanExec {
             "DeviceScanExec: devices=[{}], stage=[{}]",
             devices.join(", "),
             describe_stage(&self.stage)
-        )
+        )?;
+        if let Some(choice) = &self.placement {
+            write!(f, ", {choice}")?;
+        }
+        Ok(())
     }
 }
 
@@ -230,6 +264,11 @@ impl ExecutionPlan for DeviceScanExec {
             .get_extension::<StageStatsSink>()
             .unwrap_or_else(|| Arc::clone(&self.stats));
         let reports = StageReports::new(&self.metrics, partition);
+        if let Some(choice) = &self.placement {
+            MetricBuilder::new(&self.metrics)
+                .gauge("predicted_stage_us", partition)
+                .set((choice.chosen_secs() * 1e6) as usize);
+        }
         let out_schema = Arc::clone(&schema);
         let stream = futures::stream::once(async move {
             let messages = share.client.execute(envelope).await?;
@@ -274,6 +313,7 @@ struct StageReports {
     device_rows_read: datafusion::physical_plan::metrics::Count,
     device_mem_peak: datafusion::physical_plan::metrics::Gauge,
     device_spilled_bytes: datafusion::physical_plan::metrics::Count,
+    device_elapsed_us: datafusion::physical_plan::metrics::Gauge,
 }
 
 impl StageReports {
@@ -284,6 +324,7 @@ impl StageReports {
             device_mem_peak: MetricBuilder::new(metrics).gauge("device_mem_peak", partition),
             device_spilled_bytes: MetricBuilder::new(metrics)
                 .counter("device_spilled_bytes", partition),
+            device_elapsed_us: MetricBuilder::new(metrics).gauge("device_elapsed_us", partition),
         }
     }
 
@@ -292,6 +333,7 @@ impl StageReports {
         self.device_rows_read.add(s.rows_read as usize);
         self.device_mem_peak.set_max(s.mem_peak_bytes as usize);
         self.device_spilled_bytes.add(s.spilled_bytes as usize);
+        self.device_elapsed_us.set_max(s.elapsed_us as usize);
     }
 }
 

@@ -121,6 +121,7 @@ mod tests {
                         min: Some(min.to_string()),
                         max: Some(max.to_string()),
                         null_count: Some(1),
+                        compressed_bytes: None,
                     }],
                 })
                 .collect(),

@@ -71,6 +71,9 @@ pub struct QueryStats {
     /// Why the query ran a second time, if it did (a hash join's build
     /// side outgrew the host budget, and the joins were re-planned).
     pub replanned: Option<String>,
+    /// Where each auto scan ran, what the model predicted, and how long
+    /// its device stages took.
+    pub placements: Vec<crate::StagePlacement>,
 }
 
 impl QueryStats {

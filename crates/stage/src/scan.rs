@@ -84,6 +84,11 @@ impl PartitionScanExec {
         }
     }
 
+    /// The table's planning statistics, if the host attached them.
+    pub fn table_statistics(&self) -> Option<&Arc<Statistics>> {
+        self.statistics.as_ref()
+    }
+
     /// The same scan over other partitions (the host binds a template per device).
     pub fn with_partitions(&self, partitions: Vec<u32>) -> Self {
         Self {

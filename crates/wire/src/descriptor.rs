@@ -59,6 +59,10 @@ pub struct ColumnStats {
     pub min: Option<String>,
     pub max: Option<String>,
     pub null_count: Option<u64>,
+    /// Bytes of this column chunk as stored (compressed pages); absent in
+    /// descriptors written before it was recorded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub compressed_bytes: Option<u64>,
 }
 
 /// Statistics of one row group.

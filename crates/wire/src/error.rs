@@ -22,6 +22,8 @@ pub enum WireError {
         found: u32,
         supported: u32,
     },
+    #[error("{0}")]
+    Invalid(String),
     #[error("protocol: {0}")]
     Protocol(String),
     #[error("json: {0}")]

@@ -10,6 +10,7 @@ pub mod descriptor;
 pub mod envelope;
 pub mod error;
 pub mod manifest;
+pub mod profile;
 pub mod protocol;
 pub mod units;
 
@@ -22,6 +23,10 @@ pub use envelope::{
 };
 pub use error::{WireError, WireResult};
 pub use manifest::{Manifest, PartitionRef, MANIFEST_FILE, MANIFEST_VERSION};
+pub use profile::{
+    ComputeRates, DeviceProfile, HostProfile, DEVICE_PROFILE_FILE, FEW_GROUPS_MAX,
+    HOST_PROFILE_FILE, PROFILE_VERSION,
+};
 pub use protocol::{
     Capabilities, DeviceStats, Operator, PutCommit, PutRequest, SampleKeysRequest, SortKey,
     SortTableRequest, StageStats, PROTOCOL_VERSION, SAMPLE_ROWS_MAX,

@@ -123,6 +123,10 @@ pub struct Capabilities {
     pub encodings: Vec<String>,
     pub mem_bytes_max: u64,
     pub threads: u32,
+    /// How fast the device reads and computes, for the host's cost model;
+    /// absent from devices that predate profiles.
+    #[serde(default)]
+    pub profile: Option<crate::DeviceProfile>,
 }
 
 impl Capabilities {

@@ -1,6 +1,6 @@
 //! The spine's correctness suite against device server processes: TPC-H
 //! SF 0.01 generated over Arrow Flight onto 3 servers started by
-//! `insitu cluster up`, all 22 queries with pushdown on and off checked
+//! `insitu cluster up`, all 22 queries with pushdown on, off and auto checked
 //! against DuckDB's answers. Also: capabilities steer what the host pushes.
 
 use crate::common;
@@ -12,7 +12,7 @@ use insitu_host::Pushdown;
 async fn tpch_sf001_on_three_device_servers() {
     let cluster = TestCluster::up(3, &[]);
     cluster.gen_tpch("0.01");
-    for pushdown in [Pushdown::On, Pushdown::Off] {
+    for pushdown in [Pushdown::On, Pushdown::Off, Pushdown::Auto] {
         let host = cluster.host(pushdown).await;
         assert_eq!(host.tables().len(), 8);
         let failures = check_all(&host, "tpch-sf0.01").await;
@@ -302,6 +302,8 @@ async fn metrics_and_query_ids_in_logs() {
         "sql",
         "--cluster",
         cluster_arg,
+        "--pushdown",
+        "on",
         "select sum(a) from t where a > 1",
     ]);
     let query_id = host_log

@@ -87,15 +87,29 @@ pub async fn host(root: &Path, pushdown: Pushdown) -> InsituHost {
     host_with_budget(root, pushdown, &DeviceBudget::default()).await
 }
 
+/// A host over the devices under `root` behind a link of `profile`.
+pub async fn host_over(root: &Path, pushdown: Pushdown, profile: LinkProfile) -> InsituHost {
+    host_of(root, pushdown, &DeviceBudget::default(), profile).await
+}
+
 /// A host over the devices under `root`, each opened with `budget`.
 pub async fn host_with_budget(
     root: &Path,
     pushdown: Pushdown,
     budget: &DeviceBudget,
 ) -> InsituHost {
+    host_of(root, pushdown, budget, LinkProfile::UNLIMITED).await
+}
+
+async fn host_of(
+    root: &Path,
+    pushdown: Pushdown,
+    budget: &DeviceBudget,
+    link: LinkProfile,
+) -> InsituHost {
     let devices = open_devices(root, budget);
     InsituHost::new(
-        embedded_clients(devices, LinkProfile::UNLIMITED),
+        embedded_clients(devices, link),
         HostConfig {
             pushdown,
             target_partitions: 2,

@@ -28,7 +28,10 @@ async fn host_with(root: &Path, budget: DeviceBudget) -> Result<InsituHost, Stri
     let devices = open_root(root, &budget).map_err(|e| e.to_string())?;
     InsituHost::new(
         embedded_clients(devices, LinkProfile::UNLIMITED),
-        HostConfig::default(),
+        HostConfig {
+            pushdown: insitu_host::Pushdown::On,
+            ..Default::default()
+        },
     )
     .await
     .map_err(|e| e.to_string())
@@ -243,7 +246,16 @@ fn demo_refuses_data_of_another_scale_factor() {
     let demo = |sf: &str| common::insitu(&["demo", "--root", root, "--sf", sf, "--devices", "2"]);
     let (ok, out, err) = demo("0.01");
     assert!(ok, "{err}");
-    assert_contains(&out, &["| Q1 |", "| Q14 |", "| yes |"]);
+    assert_contains(
+        &out,
+        &[
+            "## Link 1gbe",
+            "## Link 10gbe",
+            "| Q1 |",
+            "| Q14 |",
+            "x faster",
+        ],
+    );
     let (ok, out, err) = demo("0.01");
     assert!(ok && !err.contains("generating"), "{err}");
     assert_contains(&out, &["| Q6 |"]);

@@ -200,12 +200,30 @@ fn the_footer_and_explain_analyze_report_memory_peaks() {
     let root = common::tpch_root(0.01, 4);
     let root = root.to_str().unwrap();
     let q = common::query_sql(3);
-    let (ok, _, err) = common::insitu(&["sql", "--root", root, "--format", "csv", &q]);
+    let (ok, _, err) = common::insitu(&[
+        "sql",
+        "--root",
+        root,
+        "--pushdown",
+        "on",
+        "--format",
+        "csv",
+        &q,
+    ]);
     assert!(ok, "{err}");
     assert!(err.contains("memory: host peak "), "{err}");
     assert!(err.contains("device peaks 0: "), "{err}");
     let analyze = format!("explain analyze {q}");
-    let (ok, out, err) = common::insitu(&["sql", "--root", root, "--format", "csv", &analyze]);
+    let (ok, out, err) = common::insitu(&[
+        "sql",
+        "--root",
+        root,
+        "--pushdown",
+        "on",
+        "--format",
+        "csv",
+        &analyze,
+    ]);
     assert!(ok, "{err}");
     assert!(out.contains("Memory,\"host peak "), "{out}");
     assert!(out.contains("device_mem_peak="), "{out}");

@@ -81,6 +81,72 @@ async fn throttled_link_slows_pull_more_than_push() {
     assert!(p.wall_secs < l.wall_secs, "push {p:?} pull {l:?}");
 }
 
+/// Over 1 GbE the cost model pulls a scan that keeps every row (its
+/// stored pages are smaller than its Arrow rows) and pushes one that
+/// keeps 0.1% of them; EXPLAIN shows every candidate's prediction, and
+/// the answers are push's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn auto_pulls_a_scan_keeping_every_row_and_pushes_a_selective_one() {
+    let root = common::tpch_root(0.01, 4);
+    let link: insitu_link::LinkProfile = "1gbe".parse().expect("link");
+    let auto = common::host_over(&root, Pushdown::Auto, link).await;
+    let push = common::host(&root, Pushdown::On).await;
+    let explain = |sql: String| {
+        let auto = &auto;
+        async move {
+            let out = auto.sql(&format!("explain {sql}")).await.expect("explain");
+            arrow::util::pretty::pretty_format_batches(&out.batches)
+                .expect("format")
+                .to_string()
+        }
+    };
+    let every_row = "select l_shipdate, l_returnflag, l_shipmode, l_quantity from lineitem";
+    let text = explain(every_row.into()).await;
+    assert!(
+        text.contains("PlacementExec: placement=pull (predicted pull: "),
+        "{text}"
+    );
+    assert!(!text.contains("DeviceScanExec"), "{text}");
+    // l_orderkey runs from 1 to 60,000 at SF 0.01.
+    let selective = "select sum(l_extendedprice) as s from lineitem where l_orderkey < 60";
+    let text = explain(selective.into()).await;
+    assert!(text.contains("DeviceScanExec"), "{text}");
+    assert!(text.contains("placement=push (predicted pull: "), "{text}");
+    assert!(!text.contains("PlacementExec"), "{text}");
+    for sql in [every_row, selective] {
+        let a = auto.sql(sql).await.expect("auto");
+        let p = push.sql(sql).await.expect("push");
+        assert_eq!(a.stats.result_rows, p.stats.result_rows, "{sql}");
+        let render = |b: &[arrow::record_batch::RecordBatch]| {
+            let mut rows: Vec<String> = arrow::util::pretty::pretty_format_batches(b)
+                .expect("format")
+                .to_string()
+                .lines()
+                .map(str::to_string)
+                .collect();
+            rows.sort();
+            rows
+        };
+        assert_eq!(render(&a.batches), render(&p.batches), "{sql}");
+        assert_eq!(a.stats.placements.len(), 1, "{sql}");
+    }
+    // The pulled scan moved its pages; the pushed one almost nothing.
+    let pulled = auto.sql(every_row).await.expect("auto");
+    let pushed = auto.sql(selective).await.expect("auto");
+    assert!(
+        pulled.stats.link_bytes_to_host > 100_000,
+        "{:?}",
+        pulled.stats
+    );
+    assert!(
+        pushed.stats.link_bytes_to_host < 5_000,
+        "{:?}",
+        pushed.stats
+    );
+    let measured = pushed.stats.placements[0].measured_secs;
+    assert!(measured.is_some_and(|s| s > 0.0), "{:?}", pushed.stats);
+}
+
 #[test]
 fn interactive_prompt_runs_statements_until_eof() {
     let root = common::tpch_root(0.01, 4);
@@ -169,4 +235,75 @@ async fn compressed_results_match_duckdb_in_fewer_link_bytes() {
         .unwrap_err()
         .to_string();
     assert!(e.contains("auto, none, lz4, zstd"), "{e}");
+}
+
+/// `insitu simulate` projects a measured auto run: SmartSSD-like devices
+/// keep a pushed scan's time flat as devices (and their data) are added,
+/// while pulling grows with them; a report without stages is refused.
+#[test]
+fn simulate_projects_a_measured_run_to_more_devices() {
+    let root = common::tpch_root(0.01, 4);
+    let dir = tempfile::tempdir().unwrap();
+    let q6 = common::query_sql(6);
+    let (ok, out, err) = common::insitu(&[
+        "bench",
+        "sql",
+        &q6,
+        "--runs",
+        "1",
+        "--pushdown",
+        "auto",
+        "--link",
+        "10gbe",
+        "--root",
+        root.to_str().unwrap(),
+    ]);
+    assert!(ok, "{err}");
+    let report = dir.path().join("q6.json");
+    std::fs::write(&report, out).unwrap();
+    let out_dir = dir.path().join("sim");
+    let (ok, _, err) = common::insitu(&[
+        "simulate",
+        report.to_str().unwrap(),
+        "--devices",
+        "1,4,16",
+        "--out",
+        out_dir.to_str().unwrap(),
+    ]);
+    assert!(ok, "{err}");
+    let csv = std::fs::read_to_string(out_dir.join("devices.csv")).unwrap();
+    let rows: Vec<Vec<String>> = csv
+        .lines()
+        .skip(1)
+        .map(|l| l.split(',').map(str::to_string).collect())
+        .collect();
+    let secs = |machine: &str, n: &str, col: usize| -> f64 {
+        rows.iter()
+            .find(|r| r[0] == machine && r[1] == n)
+            .unwrap_or_else(|| panic!("{machine} {n} in {csv}"))[col]
+            .parse()
+            .unwrap()
+    };
+    let (push, pull) = (2, 3);
+    let flat = secs("SmartSSD-like", "16", push) / secs("SmartSSD-like", "1", push);
+    assert!((0.9..1.1).contains(&flat), "{csv}");
+    assert!(
+        secs("SmartSSD-like", "16", pull) > 8.0 * secs("SmartSSD-like", "1", pull),
+        "{csv}"
+    );
+    for file in [
+        "devices.svg",
+        "selectivity.svg",
+        "links.svg",
+        "selectivity.csv",
+        "links.csv",
+    ] {
+        let text = std::fs::read_to_string(out_dir.join(file)).unwrap();
+        assert!(text.len() > 100, "{file}: {text}");
+    }
+    let empty = dir.path().join("empty.json");
+    std::fs::write(&empty, "{\"queries\": []}").unwrap();
+    let (ok, _, err) = common::insitu(&["simulate", empty.to_str().unwrap()]);
+    assert!(!ok);
+    assert!(err.contains("holds no placed stages"), "{err}");
 }

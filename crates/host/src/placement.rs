@@ -1,0 +1,997 @@
+//! [`ChoosePlacement`]: a physical optimizer rule that decides, per device
+//! scan, whether the devices run its stage (push), only its scan part
+//! (push scan), or ship their stored pages for the host to run it (pull),
+//! from the cost model in `insitu-model`.
+//!
+//! ```text
+//!  DeviceScanExec (auto)          push: unchanged
+//!   stage: AggregateExec(Partial)  push scan: AggregateExec(Partial)      [host]
+//!            FilterExec                         DeviceScanExec: FilterExec <- scan
+//!              PartitionScanExec   pull: PlacementExec
+//!                                          AggregateExec(Partial)         [host]
+//!                                            FilterExec
+//!                                              DataSourceExec (pages over the link)
+//! ```
+//!
+//! It runs after [`crate::rule::FoldIntoStages`], so the candidates weigh
+//! everything a device could run. Only scans planned with
+//! `--pushdown auto` are placed; `on` and `off` stay as they were asked.
+//! The model's inputs come from the manifests (rows, stored bytes per
+//! column chunk), DataFusion's statistics over the stage (selectivity,
+//! output rows), the devices' profiles in their capabilities, the host's
+//! profile and the link's profile.
+
+use std::fmt;
+use std::sync::Arc;
+
+use arrow::datatypes::{DataType, Schema};
+use datafusion::common::pruning::PruningStatistics;
+use datafusion::common::tree_node::{Transformed, TreeNode};
+use datafusion::common::{Result, ScalarValue, Statistics};
+use datafusion::config::ConfigOptions;
+use datafusion::physical_expr::expressions::Column;
+use datafusion::physical_expr::PhysicalExpr;
+use datafusion::physical_optimizer::pruning::{PruningPredicate, PruningPredicateBuilder};
+use datafusion::physical_optimizer::PhysicalOptimizerRule;
+use datafusion::physical_plan::aggregates::AggregateExec;
+use datafusion::physical_plan::coalesce_partitions::CoalescePartitionsExec;
+use datafusion::physical_plan::filter::FilterExec;
+use datafusion::physical_plan::projection::ProjectionExec;
+use datafusion::physical_plan::sorts::sort::SortExec;
+use datafusion::physical_plan::sorts::sort_preserving_merge::SortPreservingMergeExec;
+use datafusion::physical_plan::{
+    ChildrenPropertiesMode, DisplayAs, DisplayFormatType, ExecutionPlan, ExecutionPlanProperties,
+    ReplaceChildrenOptions, StatisticsArgs, StatisticsContext,
+};
+use insitu_model::{DeviceInput, Machine, Placement, Prediction, StageShape};
+use insitu_stage::PartitionScanExec;
+use insitu_wire::{
+    ColumnStats, DeviceProfile, FormatDescriptor, HostProfile, ResultCodec, RowGroupStats,
+    PROFILE_VERSION,
+};
+
+use crate::catalog::DeviceShare;
+use crate::options::InsituOptions;
+use crate::pull::{pull_source, PullScan};
+use crate::scan::DeviceScanExec;
+use crate::statistics::VARIABLE_VALUE_BYTES_ASSUMED;
+
+/// Link bytes per Arrow byte of compressed device results, as the model
+/// assumes them (TPC-H SF1 Q3 over 1 GbE: 141 MiB plain, 37 MiB LZ4).
+pub const COMPRESSED_RESULT_RATIO: f64 = 0.4;
+
+/// The candidates the rule weighed for one scan, and what it chose.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PlacementChoice {
+    pub chosen: Placement,
+    pub candidates: Vec<Prediction>,
+    /// What the model was given, so that `insitu simulate` can project
+    /// the stage to other machines.
+    pub shape: StageShape,
+    pub machine: Machine,
+}
+
+impl PlacementChoice {
+    /// Predicted seconds of the chosen placement.
+    pub fn chosen_secs(&self) -> f64 {
+        self.candidates
+            .iter()
+            .find(|p| p.placement == self.chosen)
+            .map_or(0.0, |p| p.total_secs)
+    }
+}
+
+impl fmt::Display for PlacementChoice {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "placement={} (predicted", self.chosen)?;
+        for (i, p) in self.candidates.iter().enumerate() {
+            let sep = if i == 0 { " " } else { ", " };
+            write!(
+                f,
+                "{sep}{}: {} ms, {} link bytes",
+                p.placement,
+                format_ms(p.total_secs),
+                p.link_bytes.round() as u64
+            )?;
+        }
+        f.write_str(")")
+    }
+}
+
+fn format_ms(secs: f64) -> String {
+    let ms = secs * 1e3;
+    if ms < 10.0 {
+        format!("{ms:.2}")
+    } else {
+        format!("{ms:.0}")
+    }
+}
+
+/// One placed scan of an executed plan.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StagePlacement {
+    pub table: String,
+    pub choice: PlacementChoice,
+    /// The slowest device's stage time, for a stage the devices ran.
+    pub measured_secs: Option<f64>,
+}
+
+impl serde::Serialize for StagePlacement {
+    fn serialize<S: serde::Serializer>(
+        &self,
+        serializer: S,
+    ) -> std::result::Result<S::Ok, S::Error> {
+        #[derive(serde::Serialize)]
+        struct Candidate {
+            placement: &'static str,
+            predicted_secs: f64,
+            predicted_link_bytes: f64,
+        }
+        #[derive(serde::Serialize)]
+        struct View<'a> {
+            table: &'a str,
+            chosen: &'static str,
+            predicted_secs: f64,
+            measured_secs: Option<f64>,
+            candidates: Vec<Candidate>,
+            shape: &'a StageShape,
+            machine: &'a Machine,
+        }
+        View {
+            table: &self.table,
+            chosen: self.choice.chosen.name(),
+            predicted_secs: self.choice.chosen_secs(),
+            measured_secs: self.measured_secs,
+            candidates: self
+                .choice
+                .candidates
+                .iter()
+                .map(|p| Candidate {
+                    placement: p.placement.name(),
+                    predicted_secs: p.total_secs,
+                    predicted_link_bytes: p.link_bytes,
+                })
+                .collect(),
+            shape: &self.choice.shape,
+            machine: &self.choice.machine,
+        }
+        .serialize(serializer)
+    }
+}
+
+/// The placed scans of `plan`, with what they measured if it ran.
+pub fn placements(plan: &Arc<dyn ExecutionPlan>) -> Vec<StagePlacement> {
+    use datafusion::common::tree_node::TreeNodeRecursion;
+    let mut out = vec![];
+    let _ = plan.apply(|node| {
+        if let Some(scan) = node.downcast_ref::<DeviceScanExec>() {
+            if let Some(choice) = scan.placement() {
+                let elapsed = scan.metrics().and_then(|m| {
+                    m.iter()
+                        .filter(|m| m.value().name() == "device_elapsed_us")
+                        .map(|m| m.value().as_usize())
+                        .max()
+                });
+                out.push(StagePlacement {
+                    table: stage_table(scan.stage()),
+                    choice: choice.clone(),
+                    measured_secs: elapsed.filter(|&us| us > 0).map(|us| us as f64 / 1e6),
+                });
+            }
+        } else if let Some(pulled) = node.downcast_ref::<PlacementExec>() {
+            out.push(StagePlacement {
+                table: pulled.table.clone(),
+                choice: pulled.choice.as_ref().clone(),
+                measured_secs: None,
+            });
+            // The stage's own scan is not a device scan; nothing below
+            // it is placed.
+            return Ok(TreeNodeRecursion::Jump);
+        }
+        Ok(TreeNodeRecursion::Continue)
+    });
+    out
+}
+
+/// The table a device stage reads.
+fn stage_table(plan: &Arc<dyn ExecutionPlan>) -> String {
+    let mut name = String::new();
+    let _ = plan.apply(|node| {
+        if let Some(leaf) = node.downcast_ref::<PartitionScanExec>() {
+            name = leaf.table().to_string();
+            return Ok(datafusion::common::tree_node::TreeNodeRecursion::Stop);
+        }
+        Ok(datafusion::common::tree_node::TreeNodeRecursion::Continue)
+    });
+    name
+}
+
+/// Places every auto device scan of a plan.
+#[derive(Debug)]
+pub struct ChoosePlacement {
+    host: HostProfile,
+    /// Cores the embedded devices share with the host.
+    cores: u32,
+}
+
+impl ChoosePlacement {
+    pub fn new(host: HostProfile) -> Self {
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get() as u32);
+        Self { host, cores }
+    }
+}
+
+impl PhysicalOptimizerRule for ChoosePlacement {
+    fn optimize(
+        &self,
+        plan: Arc<dyn ExecutionPlan>,
+        config: &ConfigOptions,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        Ok(plan
+            .transform_up(|node| {
+                let Some(scan) = node.downcast_ref::<DeviceScanExec>() else {
+                    return Ok(Transformed::no(node));
+                };
+                if !scan.is_auto() {
+                    return Ok(Transformed::no(node));
+                }
+                Ok(Transformed::yes(self.place(scan, config)?))
+            })?
+            .data)
+    }
+
+    fn name(&self) -> &str {
+        "insitu_choose_placement"
+    }
+
+    fn schema_check(&self) -> bool {
+        true
+    }
+}
+
+/// A stage as a chain, top first, ending in its leaf scan.
+struct Chain {
+    nodes: Vec<Arc<dyn ExecutionPlan>>,
+    /// Index of the top of the scan part: filters and projections right
+    /// above the leaf, and the leaf.
+    scan_top: usize,
+}
+
+impl Chain {
+    fn of(stage: &Arc<dyn ExecutionPlan>) -> Option<Self> {
+        let mut nodes = vec![Arc::clone(stage)];
+        loop {
+            let last = nodes.last().expect("non-empty");
+            if last.is::<PartitionScanExec>() {
+                break;
+            }
+            let children = last.children();
+            if children.len() != 1 {
+                return None;
+            }
+            nodes.push(Arc::clone(children[0]));
+        }
+        let mut scan_top = nodes.len() - 1;
+        while scan_top > 0 && is_row_local(&nodes[scan_top - 1]) {
+            scan_top -= 1;
+        }
+        Some(Self { nodes, scan_top })
+    }
+
+    fn leaf(&self) -> &PartitionScanExec {
+        self.nodes
+            .last()
+            .and_then(|n| n.downcast_ref::<PartitionScanExec>())
+            .expect("chain ends in its leaf")
+    }
+
+    /// The nodes above `from` rebuilt over `input`, bottom up.
+    fn rebuild_above(
+        &self,
+        from: usize,
+        input: Arc<dyn ExecutionPlan>,
+        per_partition: bool,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        let mut plan = input;
+        for node in self.nodes[..from].iter().rev() {
+            plan = match node.downcast_ref::<SortExec>() {
+                // A stage sorts one device's rows; on the host each input
+                // partition is sorted on its own and merged above.
+                Some(sort) if per_partition => Arc::new(
+                    SortExec::new(sort.expr().clone(), plan)
+                        .with_fetch(sort.fetch())
+                        .with_preserve_partitioning(true),
+                ),
+                _ => Arc::clone(node).replace_children(
+                    vec![plan],
+                    ReplaceChildrenOptions::new(ChildrenPropertiesMode::Recompute),
+                )?,
+            };
+        }
+        Ok(plan)
+    }
+
+    fn has(&self, upper: impl Fn(&Arc<dyn ExecutionPlan>) -> bool) -> bool {
+        self.nodes[..self.scan_top].iter().any(upper)
+    }
+}
+
+fn is_row_local(node: &Arc<dyn ExecutionPlan>) -> bool {
+    node.is::<FilterExec>() || node.is::<ProjectionExec>()
+}
+
+impl ChoosePlacement {
+    fn place(
+        &self,
+        scan: &DeviceScanExec,
+        config: &ConfigOptions,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        let Some(chain) = Chain::of(scan.stage()) else {
+            return Ok(Arc::new(scan.clone().with_auto(false)));
+        };
+        let shape = self.shape(scan, &chain, config)?;
+        let machine = self.machine(scan.shares());
+        let (best, candidates) = insitu_model::choose(&shape, &machine);
+        let choice = Arc::new(PlacementChoice {
+            chosen: best.placement,
+            candidates,
+            shape,
+            machine,
+        });
+        tracing::debug!(table = chain.leaf().table(), %choice, "placed a device scan");
+        let partitions = scan.properties().output_partitioning().partition_count();
+        let placed: Arc<dyn ExecutionPlan> = match best.placement {
+            Placement::Push => return Ok(Arc::new(scan.with_placement(choice))),
+            Placement::PushScan => {
+                let devices = scan
+                    .with_stage(Arc::clone(&chain.nodes[chain.scan_top]))
+                    .with_placement(Arc::clone(&choice));
+                chain.rebuild_above(chain.scan_top, Arc::new(devices), false)?
+            }
+            Placement::Pull => {
+                let source = self.pull(scan, &chain, config)?;
+                let above = chain.rebuild_above(chain.nodes.len() - 1, source, true)?;
+                Arc::new(PlacementExec::new(above, choice, chain.leaf().table()))
+            }
+        };
+        Ok(keep_partitioning(placed, partitions, scan))
+    }
+
+    /// The host plan reading the stage's columns over the link.
+    fn pull(
+        &self,
+        scan: &DeviceScanExec,
+        chain: &Chain,
+        config: &ConfigOptions,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        let leaf = chain.leaf();
+        let schema = leaf.table_schema();
+        let projection = leaf.projection().map(|p| p.to_vec());
+        let predicate = pushed_predicate(chain)?;
+        let unknown = Statistics::new_unknown(schema);
+        let statistics = leaf.table_statistics().map_or(&unknown, |s| s.as_ref());
+        pull_source(
+            &PullScan {
+                shares: scan.shares(),
+                schema,
+                statistics,
+                projection: projection.as_ref(),
+                predicate,
+                limit: None,
+            },
+            config,
+        )
+    }
+
+    fn shape(
+        &self,
+        scan: &DeviceScanExec,
+        chain: &Chain,
+        config: &ConfigOptions,
+    ) -> Result<StageShape> {
+        let leaf = chain.leaf();
+        let leaf_schema = leaf.schema();
+        let read: Vec<&arrow::datatypes::Field> =
+            leaf_schema.fields().iter().map(|f| f.as_ref()).collect();
+        let names: Vec<&str> = read.iter().map(|f| f.name().as_str()).collect();
+        let strings = read.iter().filter(|f| is_variable(f.data_type())).count() as u32;
+        let table_schema = leaf.table_schema();
+        let pruning = pushed_predicate(chain)?.and_then(|p| {
+            PruningPredicateBuilder::new()
+                .with_file_schema(Arc::clone(table_schema))
+                .build(p)
+        });
+        let devices: Vec<DeviceInput> = scan
+            .shares()
+            .iter()
+            .map(|s| {
+                s.descriptors
+                    .iter()
+                    .map(|d| scanned(d, &names, table_schema, pruning.as_deref()))
+                    .fold(
+                        DeviceInput {
+                            rows: 0,
+                            stored_bytes: 0,
+                            string_stored_bytes: 0,
+                        },
+                        |a, b| DeviceInput {
+                            rows: a.rows + b.rows,
+                            stored_bytes: a.stored_bytes + b.stored_bytes,
+                            string_stored_bytes: a.string_stored_bytes + b.string_stored_bytes,
+                        },
+                    )
+            })
+            .collect();
+        let table_rows: u64 = scan
+            .shares()
+            .iter()
+            .flat_map(|s| &s.descriptors)
+            .map(|d| d.row_count)
+            .sum();
+        let rows_in: u64 = devices.iter().map(|d| d.rows).sum();
+        // DataFusion estimates over the whole table; the kept row groups
+        // hold at most what it keeps.
+        let scan_rows = estimated_rows(&chain.nodes[chain.scan_top])?
+            .unwrap_or(table_rows)
+            .min(rows_in);
+        let rows_out = rows_out(chain, scan_rows, scan.shares());
+        let compressed = self.result_codec(scan, config) != ResultCodec::None;
+        Ok(StageShape {
+            devices,
+            fixed_columns: read.len() as u32 - strings,
+            string_columns: strings,
+            filter: chain.nodes[chain.scan_top..]
+                .iter()
+                .any(|n| n.is::<FilterExec>()),
+            selectivity: if rows_in == 0 {
+                1.0
+            } else {
+                (scan_rows as f64 / rows_in as f64).clamp(0.0, 1.0)
+            },
+            scan_row_bytes: row_bytes(&chain.nodes[chain.scan_top].schema()),
+            aggregate: chain.has(|n| n.is::<AggregateExec>()),
+            groups: chain.nodes[..chain.scan_top]
+                .iter()
+                .find_map(|n| n.downcast_ref::<AggregateExec>())
+                .map_or(0, |agg| aggregate_groups(agg, leaf)),
+            aggregates: chain.nodes[..chain.scan_top]
+                .iter()
+                .find_map(|n| n.downcast_ref::<AggregateExec>())
+                .map_or(0, |agg| agg.aggr_expr().len() as u32),
+            sort: chain.has(|n| n.is::<SortExec>()),
+            rows_out,
+            out_row_bytes: row_bytes(&chain.nodes[0].schema()),
+            result_bytes_ratio: if compressed {
+                COMPRESSED_RESULT_RATIO
+            } else {
+                1.0
+            },
+        })
+    }
+
+    fn result_codec(&self, scan: &DeviceScanExec, config: &ConfigOptions) -> ResultCodec {
+        let choice = config
+            .extensions
+            .get::<InsituOptions>()
+            .map(|o| o.result_compression)
+            .unwrap_or_default();
+        let rate = scan
+            .shares()
+            .first()
+            .and_then(|s| s.client.link().profile().bytes_per_sec);
+        choice.codec_for(rate)
+    }
+
+    fn machine(&self, shares: &[DeviceShare]) -> Machine {
+        let devices = shares
+            .iter()
+            .map(|s| {
+                s.client
+                    .capabilities()
+                    .profile
+                    .clone()
+                    .unwrap_or_else(|| self.assumed_device(s.client.capabilities().threads))
+            })
+            .collect();
+        let embedded = !shares.is_empty() && shares.iter().all(|s| s.client.in_process());
+        Machine {
+            devices,
+            host: self.host.clone(),
+            link_bytes_per_sec: shares
+                .first()
+                .and_then(|s| s.client.link().profile().bytes_per_sec),
+            shared_cores: embedded.then_some(self.cores),
+        }
+    }
+
+    /// A device that reports no profile is assumed to compute like the
+    /// host and to read at [`ASSUMED_STORAGE_READ_BYTES_PER_SEC`].
+    fn assumed_device(&self, threads: u32) -> DeviceProfile {
+        DeviceProfile {
+            version: PROFILE_VERSION,
+            storage_read_bytes_per_sec: ASSUMED_STORAGE_READ_BYTES_PER_SEC,
+            threads: threads.max(1),
+            rates: self.host.rates.clone(),
+            source: "assumed: the device reported no profile".into(),
+        }
+    }
+}
+
+/// Distinct values assumed of a grouping column whose statistics do not
+/// bound them (strings, expressions).
+pub const GROUP_KEYS_ASSUMED: u64 = 64;
+
+/// Rows the whole stage sends, from the `scan_rows` its scan part keeps:
+/// a partial aggregate sends a row per group and device thread, a top-k
+/// or limit at most its count per device.
+fn rows_out(chain: &Chain, scan_rows: u64, shares: &[DeviceShare]) -> u64 {
+    let devices = shares.len().max(1) as u64;
+    let threads: u64 = shares
+        .iter()
+        .map(|s| u64::from(s.client.capabilities().threads.max(1)))
+        .sum::<u64>()
+        .max(1);
+    let leaf = chain.leaf();
+    let mut rows = scan_rows;
+    for node in chain.nodes[..chain.scan_top].iter().rev() {
+        if let Some(agg) = node.downcast_ref::<AggregateExec>() {
+            let groups = aggregate_groups(agg, leaf);
+            rows = rows.min(groups.saturating_mul(threads));
+        } else if let Some(n) = node.downcast_ref::<SortExec>().and_then(|s| s.fetch()) {
+            rows = rows.min((n as u64).saturating_mul(devices));
+        } else if let Some(limit) =
+            node.downcast_ref::<datafusion::physical_plan::limit::LocalLimitExec>()
+        {
+            rows = rows.min((limit.fetch() as u64).saturating_mul(devices));
+        }
+    }
+    rows
+}
+
+/// Groups of `agg`: the product of its grouping columns' value ranges,
+/// from the table's min/max, or [`GROUP_KEYS_ASSUMED`] each.
+fn aggregate_groups(agg: &AggregateExec, leaf: &PartitionScanExec) -> u64 {
+    let stats = leaf.table_statistics();
+    let schema = leaf.table_schema();
+    agg.group_expr()
+        .expr()
+        .iter()
+        .map(|(expr, _)| {
+            let column = expr.downcast_ref::<Column>();
+            let bounded = column
+                .and_then(|c| schema.index_of(c.name()).ok())
+                .and_then(|i| stats.and_then(|s| s.column_statistics.get(i)))
+                .and_then(|c| {
+                    let (min, max) = (c.min_value.get_value()?, c.max_value.get_value()?);
+                    min.distance(max)
+                });
+            bounded.map_or(GROUP_KEYS_ASSUMED, |d| d as u64 + 1)
+        })
+        .fold(1u64, u64::saturating_mul)
+}
+
+/// Storage read rate assumed for a device without a profile (an NVMe SSD).
+pub const ASSUMED_STORAGE_READ_BYTES_PER_SEC: f64 = 2e9;
+
+/// The old plan's single partition kept: a parent planned on one device's
+/// stream (a final aggregate over one device) must not see several.
+fn keep_partitioning(
+    plan: Arc<dyn ExecutionPlan>,
+    partitions: usize,
+    scan: &DeviceScanExec,
+) -> Arc<dyn ExecutionPlan> {
+    if partitions != 1 || plan.output_partitioning().partition_count() == 1 {
+        return plan;
+    }
+    match scan.properties().output_ordering() {
+        Some(ordering) => Arc::new(SortPreservingMergeExec::new(ordering.clone(), plan)),
+        None => Arc::new(CoalescePartitionsExec::new(plan)),
+    }
+}
+
+/// The predicate of the filter right above the leaf, over the table's
+/// columns: it prunes row groups.
+fn pushed_predicate(chain: &Chain) -> Result<Option<Arc<dyn PhysicalExpr>>> {
+    chain
+        .nodes
+        .get(chain.nodes.len().wrapping_sub(2))
+        .and_then(|n| n.downcast_ref::<FilterExec>())
+        .map(|f| over_table_columns(f.predicate(), chain.leaf().table_schema()))
+        .transpose()
+}
+
+/// `predicate` over a projection of `schema`, rewritten over `schema`.
+fn over_table_columns(
+    predicate: &Arc<dyn PhysicalExpr>,
+    schema: &Schema,
+) -> Result<Arc<dyn PhysicalExpr>> {
+    Ok(Arc::clone(predicate)
+        .transform(|e| {
+            Ok(match e.downcast_ref::<Column>() {
+                Some(c) => {
+                    let index = schema.index_of(c.name())?;
+                    Transformed::yes(Arc::new(Column::new(c.name(), index)) as _)
+                }
+                None => Transformed::no(e),
+            })
+        })?
+        .data)
+}
+
+fn estimated_rows(plan: &Arc<dyn ExecutionPlan>) -> Result<Option<u64>> {
+    let stats = StatisticsContext::new().compute(plan.as_ref(), &StatisticsArgs::new())?;
+    Ok(stats.num_rows.get_value().map(|&n| n as u64))
+}
+
+fn is_variable(t: &DataType) -> bool {
+    t.primitive_width().is_none()
+}
+
+fn row_bytes(schema: &Schema) -> f64 {
+    schema
+        .fields()
+        .iter()
+        .map(|f| {
+            f.data_type()
+                .primitive_width()
+                .unwrap_or(VARIABLE_VALUE_BYTES_ASSUMED) as f64
+        })
+        .sum()
+}
+
+/// Rows and stored bytes of the columns `names` that a scan reads of one
+/// partition: the row groups `pruning` cannot rule out, each with its
+/// column chunks' sizes where the descriptor records them, else its size
+/// split by the columns' in-memory widths.
+fn scanned(
+    d: &FormatDescriptor,
+    names: &[&str],
+    schema: &Schema,
+    pruning: Option<&PruningPredicate>,
+) -> DeviceInput {
+    let width = |name: &str| {
+        schema
+            .field_with_name(name)
+            .ok()
+            .and_then(|f| f.data_type().primitive_width())
+            .unwrap_or(VARIABLE_VALUE_BYTES_ASSUMED) as u64
+    };
+    let all: u64 = schema.fields().iter().map(|f| width(f.name())).sum();
+    let wanted: u64 = names.iter().map(|n| width(n)).sum();
+    let estimate = |size: u64| size.saturating_mul(wanted) / all.max(1);
+    let strings: Vec<&str> = names
+        .iter()
+        .copied()
+        .filter(|n| {
+            schema
+                .field_with_name(n)
+                .is_ok_and(|f| is_variable(f.data_type()))
+        })
+        .collect();
+    let string_share = |bytes: u64| {
+        let w: u64 = strings.iter().map(|n| width(n)).sum();
+        bytes.saturating_mul(w) / wanted.max(1)
+    };
+    if d.row_groups.is_empty() {
+        let stored = estimate(d.byte_size);
+        return DeviceInput {
+            rows: d.row_count,
+            stored_bytes: stored,
+            string_stored_bytes: string_share(stored),
+        };
+    }
+    let keep = pruning
+        .and_then(|p| {
+            p.prune(&RowGroupBounds {
+                groups: &d.row_groups,
+                schema,
+            })
+            .ok()
+        })
+        .unwrap_or_else(|| vec![true; d.row_groups.len()]);
+    let mut input = DeviceInput {
+        rows: 0,
+        stored_bytes: 0,
+        string_stored_bytes: 0,
+    };
+    for (rg, _) in d.row_groups.iter().zip(keep).filter(|(_, k)| *k) {
+        let chunk = |n: &&str| {
+            rg.columns
+                .iter()
+                .find(|c| c.column == *n)
+                .and_then(|c| c.compressed_bytes)
+        };
+        let recorded: Option<u64> = names.iter().map(chunk).sum();
+        let recorded_strings: Option<u64> = strings.iter().map(chunk).sum();
+        input.rows += rg.row_count;
+        match (recorded, recorded_strings) {
+            (Some(all), Some(strings)) => {
+                input.stored_bytes += all;
+                input.string_stored_bytes += strings;
+            }
+            _ => {
+                let stored = estimate(rg.byte_size);
+                input.stored_bytes += stored;
+                input.string_stored_bytes += string_share(stored);
+            }
+        }
+    }
+    input
+}
+
+/// The min/max of a partition's row groups, for DataFusion's pruning.
+struct RowGroupBounds<'a> {
+    groups: &'a [RowGroupStats],
+    schema: &'a Schema,
+}
+
+impl RowGroupBounds<'_> {
+    fn bounds(
+        &self,
+        column: &datafusion::common::Column,
+        pick: fn(&ColumnStats) -> Option<&String>,
+    ) -> Option<arrow::array::ArrayRef> {
+        let data_type = self.schema.field_with_name(&column.name).ok()?.data_type();
+        let unknown = ScalarValue::try_from(data_type).ok()?;
+        let values = self.groups.iter().map(|rg| {
+            rg.columns
+                .iter()
+                .find(|c| c.column == column.name)
+                .and_then(pick)
+                .and_then(|text| ScalarValue::try_from_string(text.clone(), data_type).ok())
+                .unwrap_or_else(|| unknown.clone())
+        });
+        ScalarValue::iter_to_array(values).ok()
+    }
+}
+
+impl PruningStatistics for RowGroupBounds<'_> {
+    fn min_values(&self, column: &datafusion::common::Column) -> Option<arrow::array::ArrayRef> {
+        self.bounds(column, |c| c.min.as_ref())
+    }
+
+    fn max_values(&self, column: &datafusion::common::Column) -> Option<arrow::array::ArrayRef> {
+        self.bounds(column, |c| c.max.as_ref())
+    }
+
+    fn num_containers(&self) -> usize {
+        self.groups.len()
+    }
+
+    fn null_counts(&self, _column: &datafusion::common::Column) -> Option<arrow::array::ArrayRef> {
+        None
+    }
+
+    fn row_counts(&self) -> Option<arrow::array::ArrayRef> {
+        None
+    }
+
+    fn contained(
+        &self,
+        _column: &datafusion::common::Column,
+        _values: &std::collections::HashSet<ScalarValue>,
+    ) -> Option<arrow::array::BooleanArray> {
+        None
+    }
+}
+
+/// Marks a stage the placement rule pulled to the host, with what it
+/// predicted; rows pass through unchanged.
+#[derive(Debug)]
+pub struct PlacementExec {
+    input: Arc<dyn ExecutionPlan>,
+    choice: Arc<PlacementChoice>,
+    /// The table the pulled stage reads.
+    table: String,
+}
+
+impl PlacementExec {
+    pub fn new(
+        input: Arc<dyn ExecutionPlan>,
+        choice: Arc<PlacementChoice>,
+        table: impl Into<String>,
+    ) -> Self {
+        Self {
+            input,
+            choice,
+            table: table.into(),
+        }
+    }
+
+    pub fn choice(&self) -> &PlacementChoice {
+        &self.choice
+    }
+}
+
+impl DisplayAs for PlacementExec {
+    fn fmt_as(&self, _t: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
+        write!(f, "PlacementExec: {}", self.choice)
+    }
+}
+
+impl ExecutionPlan for PlacementExec {
+    fn name(&self) -> &str {
+        "PlacementExec"
+    }
+
+    fn properties(&self) -> &Arc<datafusion::physical_plan::PlanProperties> {
+        self.input.properties()
+    }
+
+    fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
+        vec![&self.input]
+    }
+
+    fn maintains_input_order(&self) -> Vec<bool> {
+        vec![true]
+    }
+
+    fn apply_expressions(
+        &self,
+        _f: &mut dyn FnMut(
+            &Arc<dyn PhysicalExpr>,
+        ) -> Result<datafusion::common::tree_node::TreeNodeRecursion>,
+    ) -> Result<datafusion::common::tree_node::TreeNodeRecursion> {
+        Ok(datafusion::common::tree_node::TreeNodeRecursion::Continue)
+    }
+
+    fn with_new_children(
+        self: Arc<Self>,
+        mut children: Vec<Arc<dyn ExecutionPlan>>,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        match children.pop() {
+            Some(input) if children.is_empty() => Ok(Arc::new(Self::new(
+                input,
+                Arc::clone(&self.choice),
+                self.table.clone(),
+            ))),
+            _ => datafusion::common::internal_err!("PlacementExec has one child"),
+        }
+    }
+
+    fn execute(
+        &self,
+        partition: usize,
+        context: Arc<datafusion::execution::TaskContext>,
+    ) -> Result<datafusion::execution::SendableRecordBatchStream> {
+        self.input.execute(partition, context)
+    }
+
+    fn statistics_from_inputs(
+        &self,
+        input_stats: &[Arc<Statistics>],
+        _args: &StatisticsArgs,
+    ) -> Result<Arc<Statistics>> {
+        Ok(input_stats
+            .first()
+            .cloned()
+            .unwrap_or_else(|| Arc::new(Statistics::new_unknown(&self.schema()))))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use insitu_wire::LayoutKind;
+
+    fn descriptor(recorded: bool) -> FormatDescriptor {
+        let column = |name: &str, bytes: u64| ColumnStats {
+            column: name.into(),
+            min: None,
+            max: None,
+            null_count: None,
+            compressed_bytes: recorded.then_some(bytes),
+        };
+        FormatDescriptor {
+            version: insitu_wire::DESCRIPTOR_VERSION,
+            table: "t".into(),
+            partition: 0,
+            file: "t/0.parquet".into(),
+            layout: LayoutKind::Parquet,
+            fields: vec![],
+            row_count: 10,
+            byte_size: 1200,
+            crc32: 0,
+            row_groups: vec![RowGroupStats {
+                row_count: 10,
+                byte_size: 1200,
+                columns: vec![column("a", 100), column("s", 1000)],
+            }],
+            hybrid: None,
+        }
+    }
+
+    fn schema() -> Schema {
+        Schema::new(vec![
+            arrow::datatypes::Field::new("a", DataType::Int64, false),
+            arrow::datatypes::Field::new("s", DataType::Utf8, false),
+        ])
+    }
+
+    fn stored(d: &FormatDescriptor, names: &[&str], pruning: Option<&PruningPredicate>) -> u64 {
+        scanned(d, names, &schema(), pruning).stored_bytes
+    }
+
+    #[test]
+    fn stored_bytes_come_from_column_chunks_or_widths() {
+        assert_eq!(stored(&descriptor(true), &["a"], None), 100);
+        assert_eq!(stored(&descriptor(true), &["a", "s"], None), 1100);
+        // 8 of 8 + 32 bytes wide: a fifth of the row group.
+        assert_eq!(stored(&descriptor(false), &["a"], None), 240);
+    }
+
+    #[test]
+    fn row_groups_the_predicate_rules_out_are_not_counted() {
+        use datafusion::logical_expr::Operator;
+        use datafusion::physical_expr::expressions::{lit, BinaryExpr};
+        let mut d = descriptor(true);
+        d.row_groups.push(d.row_groups[0].clone());
+        for (rg, (min, max)) in d.row_groups.iter_mut().zip([(0, 9), (10, 19)]) {
+            rg.columns[0].min = Some(min.to_string());
+            rg.columns[0].max = Some(max.to_string());
+        }
+        let a_below = |n: i64| {
+            let a: Arc<dyn PhysicalExpr> = Arc::new(Column::new("a", 0));
+            let e: Arc<dyn PhysicalExpr> = Arc::new(BinaryExpr::new(a, Operator::Lt, lit(n)));
+            PruningPredicateBuilder::new()
+                .with_file_schema(Arc::new(schema()))
+                .try_build(e)
+                .unwrap()
+        };
+        let input = scanned(&d, &["a"], &schema(), Some(&a_below(5)));
+        assert_eq!((input.rows, input.stored_bytes), (10, 100));
+        let input = scanned(&d, &["a"], &schema(), Some(&a_below(15)));
+        assert_eq!((input.rows, input.stored_bytes), (20, 200));
+        let input = scanned(&d, &["a"], &schema(), Some(&a_below(0)));
+        assert_eq!((input.rows, input.stored_bytes), (0, 0));
+    }
+
+    #[test]
+    fn a_choice_prints_every_candidate() {
+        let p = |placement, total_secs| Prediction {
+            placement,
+            device_secs: 0.0,
+            link_secs: 0.0,
+            host_secs: 0.0,
+            link_bytes: 1e6,
+            total_secs,
+        };
+        let host = HostProfile {
+            version: PROFILE_VERSION,
+            threads: 1,
+            rates: insitu_device::calibrate::compute_rates(),
+            source: "test".into(),
+        };
+        let choice = PlacementChoice {
+            chosen: Placement::Pull,
+            candidates: vec![p(Placement::Pull, 0.0042), p(Placement::Push, 0.25)],
+            shape: StageShape {
+                devices: vec![],
+                fixed_columns: 0,
+                string_columns: 0,
+                filter: false,
+                selectivity: 1.0,
+                scan_row_bytes: 0.0,
+                aggregate: false,
+                groups: 0,
+                aggregates: 0,
+                sort: false,
+                rows_out: 0,
+                out_row_bytes: 0.0,
+                result_bytes_ratio: 1.0,
+            },
+            machine: Machine {
+                devices: vec![],
+                host,
+                link_bytes_per_sec: None,
+                shared_cores: None,
+            },
+        };
+        assert_eq!(
+            choice.to_string(),
+            "placement=pull (predicted pull: 4.20 ms, 1000000 link bytes, \
+             push: 250 ms, 1000000 link bytes)"
+        );
+        assert_eq!(choice.chosen_secs(), 0.0042);
+    }
+}
