@@ -83,7 +83,11 @@ impl PlacementChoice {
 
 impl fmt::Display for PlacementChoice {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "placement={} (predicted", self.chosen)?;
+        write!(f, "placement={}", self.chosen)?;
+        if self.chosen != Placement::Pull && self.shape.result_bytes_ratio < 1.0 {
+            f.write_str(", results=compressed")?;
+        }
+        f.write_str(" (predicted")?;
         for (i, p) in self.candidates.iter().enumerate() {
             let sep = if i == 0 { " " } else { ", " };
             write!(
