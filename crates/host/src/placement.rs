@@ -51,9 +51,8 @@ use insitu_wire::{
 };
 
 use crate::catalog::DeviceShare;
-use crate::options::InsituOptions;
 use crate::pull::{pull_source, PullScan};
-use crate::scan::DeviceScanExec;
+use crate::scan::{result_codec, DeviceScanExec};
 use crate::statistics::VARIABLE_VALUE_BYTES_ASSUMED;
 
 /// Link bytes per Arrow byte of compressed device results, as the model
@@ -439,7 +438,13 @@ impl ChoosePlacement {
             .unwrap_or(table_rows)
             .min(rows_in);
         let rows_out = rows_out(chain, scan_rows, scan.shares());
-        let compressed = self.result_codec(scan, config) != ResultCodec::None;
+        let aggregate = chain.nodes[..chain.scan_top]
+            .iter()
+            .find_map(|n| n.downcast_ref::<AggregateExec>());
+        let compressed = scan
+            .shares()
+            .first()
+            .is_some_and(|share| result_codec(config, share) != ResultCodec::None);
         Ok(StageShape {
             devices,
             fixed_columns: read.len() as u32 - strings,
@@ -453,15 +458,9 @@ impl ChoosePlacement {
                 (scan_rows as f64 / rows_in as f64).clamp(0.0, 1.0)
             },
             scan_row_bytes: row_bytes(&chain.nodes[chain.scan_top].schema()),
-            aggregate: chain.has(|n| n.is::<AggregateExec>()),
-            groups: chain.nodes[..chain.scan_top]
-                .iter()
-                .find_map(|n| n.downcast_ref::<AggregateExec>())
-                .map_or(0, |agg| aggregate_groups(agg, leaf)),
-            aggregates: chain.nodes[..chain.scan_top]
-                .iter()
-                .find_map(|n| n.downcast_ref::<AggregateExec>())
-                .map_or(0, |agg| agg.aggr_expr().len() as u32),
+            aggregate: aggregate.is_some(),
+            groups: aggregate.map_or(0, |agg| aggregate_groups(agg, leaf)),
+            aggregates: aggregate.map_or(0, |agg| agg.aggr_expr().len() as u32),
             sort: chain.has(|n| n.is::<SortExec>()),
             rows_out,
             out_row_bytes: row_bytes(&chain.nodes[0].schema()),
@@ -471,19 +470,6 @@ impl ChoosePlacement {
                 1.0
             },
         })
-    }
-
-    fn result_codec(&self, scan: &DeviceScanExec, config: &ConfigOptions) -> ResultCodec {
-        let choice = config
-            .extensions
-            .get::<InsituOptions>()
-            .map(|o| o.result_compression)
-            .unwrap_or_default();
-        let rate = scan
-            .shares()
-            .first()
-            .and_then(|s| s.client.link().profile().bytes_per_sec);
-        choice.codec_for(rate)
     }
 
     fn machine(&self, shares: &[DeviceShare]) -> Machine {

@@ -249,14 +249,7 @@ impl ExecutionPlan for DeviceScanExec {
             .session_config()
             .get_extension::<crate::QueryId>()
             .map_or_else(|| context.session_id(), |q| q.0.clone());
-        let compression = context
-            .session_config()
-            .options()
-            .extensions
-            .get::<InsituOptions>()
-            .map(|o| o.result_compression)
-            .unwrap_or_default();
-        let codec = compression.codec_for(share.client.link().profile().bytes_per_sec);
+        let codec = result_codec(context.session_config().options(), &share);
         let envelope = self.envelope_for(&share, &query_id, codec)?;
         // The query's own sink when it installed one, else the session's.
         let stats = context
@@ -283,6 +276,21 @@ impl ExecutionPlan for DeviceScanExec {
         .try_flatten();
         Ok(Box::pin(RecordBatchStreamAdapter::new(schema, stream)))
     }
+}
+
+/// How `share`'s device compresses its results under the session's
+/// `insitu.result_compression` and the device's link rate; the placement
+/// rule prices stages with the same choice.
+pub fn result_codec(
+    config: &datafusion::config::ConfigOptions,
+    share: &DeviceShare,
+) -> ResultCodec {
+    config
+        .extensions
+        .get::<InsituOptions>()
+        .map(|o| o.result_compression)
+        .unwrap_or_default()
+        .codec_for(share.client.link().profile().bytes_per_sec)
 }
 
 /// `stats` with its byte size made rows times the width of `schema`'s
