@@ -20,6 +20,7 @@ pub mod options;
 pub mod placement;
 mod provider;
 pub mod pull;
+pub mod reorder;
 pub mod rule;
 pub mod scan;
 pub mod semijoin;
@@ -38,6 +39,7 @@ use datafusion::common::{DataFusionError, Result};
 use datafusion::config::ConfigNonZeroUsize;
 use datafusion::execution::runtime_env::RuntimeEnv;
 use datafusion::execution::SessionStateBuilder;
+use datafusion::optimizer::{Optimizer, OptimizerRule};
 use datafusion::physical_optimizer::optimizer::PhysicalOptimizer;
 use datafusion::physical_optimizer::PhysicalOptimizerRule;
 use datafusion::physical_plan::ExecutionPlan;
@@ -157,6 +159,14 @@ fn physical_rules(placement: ChoosePlacement) -> Vec<Arc<dyn PhysicalOptimizerRu
     rules
 }
 
+/// DataFusion's logical rules and insitu's: semi joins moved down, inner
+/// joins reordered (see [`reorder::with_reordering`]).
+fn logical_rules() -> Vec<Arc<dyn OptimizerRule + Send + Sync>> {
+    let mut rules = Optimizer::new().rules;
+    rules.push(Arc::new(semijoin::PushSemiJoinDown));
+    reorder::with_reordering(rules, reorder::ReorderJoins::for_insitu_tables())
+}
+
 impl InsituHost {
     pub async fn new(clients: Vec<Arc<dyn DeviceClient>>, config: HostConfig) -> Result<Self> {
         let tables = discover_tables(&clients).await?;
@@ -195,7 +205,7 @@ impl InsituHost {
             .with_config(session)
             .with_runtime_env(runtime)
             .with_default_features()
-            .with_optimizer_rule(Arc::new(semijoin::PushSemiJoinDown))
+            .with_optimizer_rules(logical_rules())
             .with_physical_optimizer_rules(physical_rules(ChoosePlacement::new(host_profile)))
             .build();
         let ctx = SessionContext::new_with_state(state);

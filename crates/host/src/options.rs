@@ -22,6 +22,9 @@ extensions_options! {
         /// links slower than `COMPRESS_BELOW_LINK_BYTES_PER_SEC`, none over
         /// faster ones), `none`, `lz4` or `zstd`.
         pub result_compression: CompressionChoice, default = CompressionChoice::Auto
+        /// Whether the planner reorders inner joins by estimated sizes
+        /// (see `insitu_host::reorder`); `false` keeps the written order.
+        pub reorder_joins: bool, default = true
     }
 }
 

@@ -73,6 +73,11 @@ impl InsituTable {
         &self.info
     }
 
+    /// Planning statistics of the whole table, from its manifests.
+    pub fn statistics(&self) -> Arc<Statistics> {
+        Arc::clone(&self.statistics)
+    }
+
     /// Physical form of the pushed filters, over `schema`.
     fn physical_filters(
         &self,
