@@ -18,9 +18,10 @@ extensions_options! {
         /// The host's memory budget in bytes (`host_mem_bytes_max`), as the
         /// session was started with; the join rule weighs build sides against it.
         pub host_mem_bytes_max: usize, default = 0
-        /// How devices compress their result batches: `auto` (LZ4 over
-        /// links slower than `COMPRESS_BELOW_LINK_BYTES_PER_SEC`, none over
-        /// faster ones), `none`, `lz4` or `zstd`.
+        /// How devices compress their result batches: `auto` (as the cost
+        /// model chooses per scan; LZ4 over links slower than
+        /// `COMPRESS_BELOW_LINK_BYTES_PER_SEC` for stages it does not
+        /// price), `none`, `lz4` or `zstd`.
         pub result_compression: CompressionChoice, default = CompressionChoice::Auto
         /// Whether the planner reorders inner joins by estimated sizes
         /// (see `insitu_host::reorder`); `false` keeps the written order.
@@ -117,7 +118,9 @@ pub enum CompressionChoice {
 /// insitu.result_compression = 'lz4'; <query>" --link 1gbe`), Q3 took
 /// 0.48 s instead of 1.37 s and moved 37 MiB instead of 141 MiB; over
 /// 10 GbE it took 0.37 s instead of 0.24 s, the codec costing more than
-/// the bytes it saves. The cost model will weigh this per stage.
+/// the bytes it saves. Stages the placement rule prices get their codec
+/// from the cost model instead (`insitu_host::placement`); this rate
+/// decides for the others.
 pub const COMPRESS_BELOW_LINK_BYTES_PER_SEC: f64 = 500e6;
 
 impl CompressionChoice {

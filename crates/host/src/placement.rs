@@ -51,8 +51,9 @@ use insitu_wire::{
 };
 
 use crate::catalog::DeviceShare;
+use crate::options::{CompressionChoice, InsituOptions};
 use crate::pull::{pull_source, PullScan};
-use crate::scan::{result_codec, DeviceScanExec};
+use crate::scan::DeviceScanExec;
 use crate::statistics::VARIABLE_VALUE_BYTES_ASSUMED;
 
 /// Link bytes per Arrow byte of compressed device results, as the model
@@ -63,6 +64,8 @@ pub const COMPRESSED_RESULT_RATIO: f64 = 0.4;
 #[derive(Debug, Clone, PartialEq)]
 pub struct PlacementChoice {
     pub chosen: Placement,
+    /// How the devices encode a pushed stage's results.
+    pub codec: ResultCodec,
     pub candidates: Vec<Prediction>,
     /// What the model was given, so that `insitu simulate` can project
     /// the stage to other machines.
@@ -73,9 +76,13 @@ pub struct PlacementChoice {
 impl PlacementChoice {
     /// Predicted seconds of the chosen placement.
     pub fn chosen_secs(&self) -> f64 {
+        let compressed = self.codec != ResultCodec::None;
         self.candidates
             .iter()
-            .find(|p| p.placement == self.chosen)
+            .find(|p| {
+                p.placement == self.chosen
+                    && (p.placement == Placement::Pull || p.compressed() == compressed)
+            })
             .map_or(0.0, |p| p.total_secs)
     }
 }
@@ -83,15 +90,16 @@ impl PlacementChoice {
 impl fmt::Display for PlacementChoice {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "placement={}", self.chosen)?;
-        if self.chosen != Placement::Pull && self.shape.result_bytes_ratio < 1.0 {
-            f.write_str(", results=compressed")?;
+        if self.chosen != Placement::Pull && self.codec != ResultCodec::None {
+            write!(f, ", results={}", self.codec.name())?;
         }
         f.write_str(" (predicted")?;
         for (i, p) in self.candidates.iter().enumerate() {
             let sep = if i == 0 { " " } else { ", " };
+            let encoding = if p.compressed() { " compressed" } else { "" };
             write!(
                 f,
-                "{sep}{}: {} ms, {} link bytes",
+                "{sep}{}{encoding}: {} ms, {} link bytes",
                 p.placement,
                 format_ms(p.total_secs),
                 p.link_bytes.round() as u64
@@ -127,6 +135,7 @@ impl serde::Serialize for StagePlacement {
         #[derive(serde::Serialize)]
         struct Candidate {
             placement: &'static str,
+            compressed: bool,
             predicted_secs: f64,
             predicted_link_bytes: f64,
         }
@@ -134,6 +143,7 @@ impl serde::Serialize for StagePlacement {
         struct View<'a> {
             table: &'a str,
             chosen: &'static str,
+            codec: &'static str,
             predicted_secs: f64,
             measured_secs: Option<f64>,
             candidates: Vec<Candidate>,
@@ -143,6 +153,7 @@ impl serde::Serialize for StagePlacement {
         View {
             table: &self.table,
             chosen: self.choice.chosen.name(),
+            codec: self.choice.codec.name(),
             predicted_secs: self.choice.chosen_secs(),
             measured_secs: self.measured_secs,
             candidates: self
@@ -151,6 +162,7 @@ impl serde::Serialize for StagePlacement {
                 .iter()
                 .map(|p| Candidate {
                     placement: p.placement.name(),
+                    compressed: p.compressed(),
                     predicted_secs: p.total_secs,
                     predicted_link_bytes: p.link_bytes,
                 })
@@ -235,10 +247,13 @@ impl PhysicalOptimizerRule for ChoosePlacement {
                 let Some(scan) = node.downcast_ref::<DeviceScanExec>() else {
                     return Ok(Transformed::no(node));
                 };
-                if !scan.is_auto() {
-                    return Ok(Transformed::no(node));
+                if scan.is_auto() {
+                    return Ok(Transformed::yes(self.place(scan, config)?));
                 }
-                Ok(Transformed::yes(self.place(scan, config)?))
+                match self.encode(scan, config)? {
+                    Some(encoded) => Ok(Transformed::yes(encoded)),
+                    None => Ok(Transformed::no(node)),
+                }
             })?
             .data)
     }
@@ -319,6 +334,23 @@ impl Chain {
     }
 }
 
+/// The result encodings a pushed stage may use under the session's
+/// `insitu.result_compression`, as link bytes per Arrow byte, and the
+/// codec that compresses: `auto` weighs plain against LZ4 per scan,
+/// a fixed codec is the only one.
+fn result_encodings(config: &ConfigOptions) -> (Vec<f64>, ResultCodec) {
+    let choice = config
+        .extensions
+        .get::<InsituOptions>()
+        .map(|o| o.result_compression)
+        .unwrap_or_default();
+    match choice {
+        CompressionChoice::Auto => (vec![1.0, COMPRESSED_RESULT_RATIO], ResultCodec::Lz4Frame),
+        CompressionChoice::Fixed(ResultCodec::None) => (vec![1.0], ResultCodec::None),
+        CompressionChoice::Fixed(codec) => (vec![COMPRESSED_RESULT_RATIO], codec),
+    }
+}
+
 fn is_row_local(node: &Arc<dyn ExecutionPlan>) -> bool {
     node.is::<FilterExec>() || node.is::<ProjectionExec>()
 }
@@ -332,11 +364,18 @@ impl ChoosePlacement {
         let Some(chain) = Chain::of(scan.stage()) else {
             return Ok(Arc::new(scan.clone().with_auto(false)));
         };
-        let shape = self.shape(scan, &chain, config)?;
+        let mut shape = self.shape(scan, &chain)?;
         let machine = self.machine(scan.shares());
-        let (best, candidates) = insitu_model::choose(&shape, &machine);
+        let (ratios, compressing) = result_encodings(config);
+        let (best, candidates) = insitu_model::choose_encodings(&shape, &machine, &ratios);
+        shape.result_bytes_ratio = best.result_bytes_ratio;
         let choice = Arc::new(PlacementChoice {
             chosen: best.placement,
+            codec: if best.compressed() {
+                compressing
+            } else {
+                ResultCodec::None
+            },
             candidates,
             shape,
             machine,
@@ -358,6 +397,41 @@ impl ChoosePlacement {
             }
         };
         Ok(keep_partitioning(placed, partitions, scan))
+    }
+
+    /// A scan pushed by the user's choice (`--pushdown on`), with its
+    /// results' encoding chosen by the model when the session leaves it
+    /// to `auto`: plain results that would outweigh the pages pull would
+    /// move travel compressed. `None` when there is nothing to choose.
+    fn encode(
+        &self,
+        scan: &DeviceScanExec,
+        config: &ConfigOptions,
+    ) -> Result<Option<Arc<dyn ExecutionPlan>>> {
+        let (ratios, compressing) = result_encodings(config);
+        if ratios.len() < 2 || scan.placement().is_some() {
+            return Ok(None);
+        }
+        let Some(chain) = Chain::of(scan.stage()) else {
+            return Ok(None);
+        };
+        let mut shape = self.shape(scan, &chain)?;
+        let machine = self.machine(scan.shares());
+        let (best, candidates) =
+            insitu_model::choose_encoding(&shape, Placement::Push, &machine, &ratios);
+        shape.result_bytes_ratio = best.result_bytes_ratio;
+        let choice = PlacementChoice {
+            chosen: Placement::Push,
+            codec: if best.compressed() {
+                compressing
+            } else {
+                ResultCodec::None
+            },
+            candidates,
+            shape,
+            machine,
+        };
+        Ok(Some(Arc::new(scan.with_placement(Arc::new(choice)))))
     }
 
     /// The host plan reading the stage's columns over the link.
@@ -386,12 +460,7 @@ impl ChoosePlacement {
         )
     }
 
-    fn shape(
-        &self,
-        scan: &DeviceScanExec,
-        chain: &Chain,
-        config: &ConfigOptions,
-    ) -> Result<StageShape> {
+    fn shape(&self, scan: &DeviceScanExec, chain: &Chain) -> Result<StageShape> {
         let leaf = chain.leaf();
         let leaf_schema = leaf.schema();
         let read: Vec<&arrow::datatypes::Field> =
@@ -441,10 +510,6 @@ impl ChoosePlacement {
         let aggregate = chain.nodes[..chain.scan_top]
             .iter()
             .find_map(|n| n.downcast_ref::<AggregateExec>());
-        let compressed = scan
-            .shares()
-            .first()
-            .is_some_and(|share| result_codec(config, share) != ResultCodec::None);
         Ok(StageShape {
             devices,
             fixed_columns: read.len() as u32 - strings,
@@ -464,11 +529,8 @@ impl ChoosePlacement {
             sort: chain.has(|n| n.is::<SortExec>()),
             rows_out,
             out_row_bytes: row_bytes(&chain.nodes[0].schema()),
-            result_bytes_ratio: if compressed {
-                COMPRESSED_RESULT_RATIO
-            } else {
-                1.0
-            },
+            // Set once an encoding is chosen.
+            result_bytes_ratio: 1.0,
         })
     }
 
@@ -938,12 +1000,13 @@ mod tests {
 
     #[test]
     fn a_choice_prints_every_candidate() {
-        let p = |placement, total_secs| Prediction {
+        let p = |placement, total_secs, result_bytes_ratio| Prediction {
             placement,
             device_secs: 0.0,
             link_secs: 0.0,
             host_secs: 0.0,
-            link_bytes: 1e6,
+            link_bytes: 1e6 * result_bytes_ratio,
+            result_bytes_ratio,
             total_secs,
         };
         let host = HostProfile {
@@ -952,9 +1015,14 @@ mod tests {
             rates: insitu_device::calibrate::compute_rates(),
             source: "test".into(),
         };
-        let choice = PlacementChoice {
+        let mut choice = PlacementChoice {
             chosen: Placement::Pull,
-            candidates: vec![p(Placement::Pull, 0.0042), p(Placement::Push, 0.25)],
+            codec: ResultCodec::None,
+            candidates: vec![
+                p(Placement::Pull, 0.0042, 1.0),
+                p(Placement::Push, 0.25, 1.0),
+                p(Placement::Push, 0.12, 0.4),
+            ],
             shape: StageShape {
                 devices: vec![],
                 fixed_columns: 0,
@@ -980,8 +1048,14 @@ mod tests {
         assert_eq!(
             choice.to_string(),
             "placement=pull (predicted pull: 4.20 ms, 1000000 link bytes, \
-             push: 250 ms, 1000000 link bytes)"
+             push: 250 ms, 1000000 link bytes, push compressed: 120 ms, 400000 link bytes)"
         );
         assert_eq!(choice.chosen_secs(), 0.0042);
+        choice.chosen = Placement::Push;
+        choice.codec = ResultCodec::Lz4Frame;
+        assert!(choice
+            .to_string()
+            .starts_with("placement=push, results=lz4 (predicted"));
+        assert_eq!(choice.chosen_secs(), 0.12);
     }
 }

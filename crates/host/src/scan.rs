@@ -249,7 +249,11 @@ impl ExecutionPlan for DeviceScanExec {
             .session_config()
             .get_extension::<crate::QueryId>()
             .map_or_else(|| context.session_id(), |q| q.0.clone());
-        let codec = result_codec(context.session_config().options(), &share);
+        // A placed stage encodes as its placement chose.
+        let codec = match &self.placement {
+            Some(choice) => choice.codec,
+            None => result_codec(context.session_config().options(), &share),
+        };
         let envelope = self.envelope_for(&share, &query_id, codec)?;
         // The query's own sink when it installed one, else the session's.
         let stats = context

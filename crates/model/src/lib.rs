@@ -244,10 +244,25 @@ pub struct Prediction {
     pub host_secs: f64,
     /// Link bytes the stage moves.
     pub link_bytes: f64,
+    /// Link bytes per Arrow byte of the devices' results: 1 plain, less
+    /// compressed (pull ships stored pages: 1).
+    #[serde(default = "plain_ratio")]
+    pub result_bytes_ratio: f64,
     /// The stage's time: its slowest pipelined step (pushed) or its
     /// transfer plus the host's compute (pulled), or the shared cores' CPU
     /// seconds, whichever is longer.
     pub total_secs: f64,
+}
+
+fn plain_ratio() -> f64 {
+    1.0
+}
+
+impl Prediction {
+    /// Whether the devices compress this candidate's results.
+    pub fn compressed(&self) -> bool {
+        self.placement != Placement::Pull && self.result_bytes_ratio < 1.0
+    }
 }
 
 impl Machine {
@@ -343,6 +358,10 @@ pub fn predict(shape: &StageShape, placement: Placement, machine: &Machine) -> P
         link_secs,
         host_secs,
         link_bytes,
+        result_bytes_ratio: match placement {
+            Placement::Pull => 1.0,
+            _ => shape.result_bytes_ratio,
+        },
         total_secs,
     }
 }
@@ -369,10 +388,28 @@ pub const PULL_MARGIN: f64 = 1.25;
 /// than pull would (a stage never sends more than the pages it replaces),
 /// unless pull beats it by [`PULL_MARGIN`].
 pub fn choose(shape: &StageShape, machine: &Machine) -> (Prediction, Vec<Prediction>) {
-    let all: Vec<Prediction> = candidates(shape)
-        .into_iter()
-        .map(|p| predict(shape, p, machine))
-        .collect();
+    choose_encodings(shape, machine, &[shape.result_bytes_ratio])
+}
+
+/// [`choose`], with every push priced once per result encoding in
+/// `result_ratios` (link bytes per Arrow byte of results: 1 plain, less
+/// compressed), so that compressing is chosen where it pays: it costs
+/// the devices CPU time and saves link time and bytes.
+pub fn choose_encodings(
+    shape: &StageShape,
+    machine: &Machine,
+    result_ratios: &[f64],
+) -> (Prediction, Vec<Prediction>) {
+    let mut all = vec![predict(shape, Placement::Pull, machine)];
+    for placement in candidates(shape).into_iter().skip(1) {
+        for &ratio in result_ratios {
+            let encoded = StageShape {
+                result_bytes_ratio: ratio,
+                ..shape.clone()
+            };
+            all.push(predict(&encoded, placement, machine));
+        }
+    }
     let pull = all[0];
     let push = all[1..]
         .iter()
@@ -383,6 +420,36 @@ pub fn choose(shape: &StageShape, machine: &Machine) -> (Prediction, Vec<Predict
         Some(push) if pull.total_secs * PULL_MARGIN >= push.total_secs => push,
         _ => pull,
     };
+    (best, all)
+}
+
+/// The encoding of a stage's results under a placement the user fixed
+/// (`--pushdown on`), priced once per ratio in `result_ratios`: the
+/// fastest that moves no more link bytes than pull would, else the one
+/// that moves the fewest. Pull's prediction comes first in the list.
+pub fn choose_encoding(
+    shape: &StageShape,
+    placement: Placement,
+    machine: &Machine,
+    result_ratios: &[f64],
+) -> (Prediction, Vec<Prediction>) {
+    assert!(!result_ratios.is_empty(), "at least one encoding");
+    let pull = predict(shape, Placement::Pull, machine);
+    let mut all = vec![pull];
+    for &ratio in result_ratios {
+        let encoded = StageShape {
+            result_bytes_ratio: ratio,
+            ..shape.clone()
+        };
+        all.push(predict(&encoded, placement, machine));
+    }
+    let encodings = all[1..].iter().copied();
+    let best = encodings
+        .clone()
+        .filter(|p| p.link_bytes <= pull.link_bytes)
+        .reduce(|a, b| if b.total_secs < a.total_secs { b } else { a })
+        .or_else(|| encodings.reduce(|a, b| if b.link_bytes < a.link_bytes { b } else { a }))
+        .expect("at least one encoding");
     (best, all)
 }
 
@@ -497,6 +564,40 @@ mod tests {
         keep_all.filter = false;
         let (best, all) = choose(&keep_all, &m);
         assert_eq!(best.placement, Placement::Pull, "{all:?}");
+    }
+
+    #[test]
+    fn results_are_compressed_where_the_link_pays_for_it() {
+        let encodings = [1.0, 0.25];
+        // 100 MB/s, half the rows kept: plain push ships 800 MB, twice
+        // pull's pages; compressed, 200 MB in 3.2 s against pull's 6 s.
+        let (best, all) = choose_encodings(&scan(0.5), &machine(2, Some(100e6), None), &encodings);
+        assert_eq!(all.len(), 3, "{all:?}");
+        assert_eq!(best.placement, Placement::Push, "{all:?}");
+        assert!(best.compressed(), "{best:?}");
+        assert!(close(best.link_bytes, 200e6), "{best:?}");
+        // No link limit, a tenth kept: compressing only costs CPU time.
+        let (best, all) = choose_encodings(&scan(0.1), &machine(2, None, None), &encodings);
+        assert_eq!(best.placement, Placement::Push, "{all:?}");
+        assert!(!best.compressed(), "{all:?}");
+        assert!(!all[0].compressed(), "pull ships pages: {all:?}");
+    }
+
+    #[test]
+    fn a_fixed_push_compresses_when_plain_results_outweigh_the_pages() {
+        let encodings = [1.0, 0.25];
+        // No link limit: plain is faster, but ships 800 MB against
+        // pull's 400 MB.
+        let m = machine(2, None, None);
+        let (best, all) = choose_encoding(&scan(0.5), Placement::Push, &m, &encodings);
+        assert_eq!(all.len(), 3, "{all:?}");
+        assert!(best.compressed(), "{all:?}");
+        // A tenth kept: 160 MB plain fits, and is faster.
+        let (best, all) = choose_encoding(&scan(0.1), Placement::Push, &m, &encodings);
+        assert!(!best.compressed(), "{all:?}");
+        // Only plain allowed: plain, whatever it ships.
+        let (best, _) = choose_encoding(&scan(0.5), Placement::Push, &m, &[1.0]);
+        assert!(!best.compressed());
     }
 
     #[test]

@@ -380,7 +380,11 @@ fn largest_build_rows(explain: &str) -> f64 {
         .split("build_input_rows=")
         .skip(1)
         .map(|rest| {
-            let mut words = rest.split([',', ']']).next().unwrap_or("").split_whitespace();
+            let mut words = rest
+                .split([',', ']'])
+                .next()
+                .unwrap_or("")
+                .split_whitespace();
             let number: f64 = words.next().and_then(|n| n.parse().ok()).unwrap_or(0.0);
             match words.next() {
                 Some("K") => number * 1e3,
