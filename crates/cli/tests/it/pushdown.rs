@@ -234,9 +234,12 @@ async fn compressed_results_match_duckdb_in_fewer_link_bytes() {
     .unwrap();
     let outcome = slow.sql(&q3).await.unwrap();
     common::compare(3, &outcome.batches, &fx).unwrap();
-    assert_eq!(
-        outcome.stats.link_bytes_to_host, lz4,
-        "auto picks LZ4 over 1 GbE"
+    // Over 1 GbE the model compresses every stage whose results are worth
+    // it; a stage of a few rows may stay plain.
+    let slow_bytes = outcome.stats.link_bytes_to_host;
+    assert!(
+        slow_bytes <= lz4 + lz4 / 20,
+        "auto over 1 GbE moved {slow_bytes}, all-LZ4 {lz4}"
     );
     let e = slow
         .sql("set insitu.result_compression = 'snappy'")
