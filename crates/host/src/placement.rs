@@ -74,6 +74,30 @@ pub struct PlacementChoice {
 }
 
 impl PlacementChoice {
+    /// The choice of `best` among `candidates`: its placement, and
+    /// `compressing` as the codec when its results travel compressed.
+    /// `shape` keeps the chosen encoding, for `insitu simulate`.
+    fn of(
+        best: Prediction,
+        candidates: Vec<Prediction>,
+        mut shape: StageShape,
+        machine: Machine,
+        compressing: ResultCodec,
+    ) -> Self {
+        shape.result_bytes_ratio = best.result_bytes_ratio;
+        Self {
+            chosen: best.placement,
+            codec: if best.compressed() {
+                compressing
+            } else {
+                ResultCodec::None
+            },
+            candidates,
+            shape,
+            machine,
+        }
+    }
+
     /// Predicted seconds of the chosen placement.
     pub fn chosen_secs(&self) -> f64 {
         let compressed = self.codec != ResultCodec::None;
@@ -364,22 +388,17 @@ impl ChoosePlacement {
         let Some(chain) = Chain::of(scan.stage()) else {
             return Ok(Arc::new(scan.clone().with_auto(false)));
         };
-        let mut shape = self.shape(scan, &chain)?;
+        let shape = self.shape(scan, &chain)?;
         let machine = self.machine(scan.shares());
         let (ratios, compressing) = result_encodings(config);
         let (best, candidates) = insitu_model::choose_encodings(&shape, &machine, &ratios);
-        shape.result_bytes_ratio = best.result_bytes_ratio;
-        let choice = Arc::new(PlacementChoice {
-            chosen: best.placement,
-            codec: if best.compressed() {
-                compressing
-            } else {
-                ResultCodec::None
-            },
+        let choice = Arc::new(PlacementChoice::of(
+            best,
             candidates,
             shape,
             machine,
-        });
+            compressing,
+        ));
         tracing::debug!(table = chain.leaf().table(), %choice, "placed a device scan");
         let partitions = scan.properties().output_partitioning().partition_count();
         let placed: Arc<dyn ExecutionPlan> = match best.placement {
@@ -415,22 +434,11 @@ impl ChoosePlacement {
         let Some(chain) = Chain::of(scan.stage()) else {
             return Ok(None);
         };
-        let mut shape = self.shape(scan, &chain)?;
+        let shape = self.shape(scan, &chain)?;
         let machine = self.machine(scan.shares());
         let (best, candidates) =
             insitu_model::choose_encoding(&shape, Placement::Push, &machine, &ratios);
-        shape.result_bytes_ratio = best.result_bytes_ratio;
-        let choice = PlacementChoice {
-            chosen: Placement::Push,
-            codec: if best.compressed() {
-                compressing
-            } else {
-                ResultCodec::None
-            },
-            candidates,
-            shape,
-            machine,
-        };
+        let choice = PlacementChoice::of(best, candidates, shape, machine, compressing);
         Ok(Some(Arc::new(scan.with_placement(Arc::new(choice)))))
     }
 
