@@ -21,6 +21,7 @@ pub mod placement;
 mod provider;
 pub mod pull;
 pub mod reorder;
+pub mod result_filter;
 pub mod rule;
 pub mod scan;
 pub mod semijoin;

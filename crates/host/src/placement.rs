@@ -53,6 +53,7 @@ use insitu_wire::{
 use crate::catalog::DeviceShare;
 use crate::options::{CompressionChoice, InsituOptions};
 use crate::pull::{pull_source, PullScan};
+use crate::result_filter;
 use crate::scan::DeviceScanExec;
 use crate::statistics::VARIABLE_VALUE_BYTES_ASSUMED;
 
@@ -415,6 +416,7 @@ impl ChoosePlacement {
                 Arc::new(PlacementExec::new(above, choice, chain.leaf().table()))
             }
         };
+        let placed = result_filter::on_host(placed, scan.result_filters())?;
         Ok(keep_partitioning(placed, partitions, scan))
     }
 

@@ -43,6 +43,7 @@ use insitu_wire::Operator;
 
 use crate::catalog::supported_by_all;
 use crate::merge::DeviceMergeExec;
+use crate::result_filter;
 use crate::scan::DeviceScanExec;
 
 #[derive(Debug, Default)]
@@ -108,9 +109,12 @@ fn fold(node: Arc<dyn ExecutionPlan>) -> Transformed<Arc<dyn ExecutionPlan>> {
     if !chain.iter().all(|op| devices_run(&scan, op)) {
         return Transformed::no(node);
     }
-    // Rebuild the chain on top of the stage, skipping repartitions.
+    // Rebuild the chain on top of the stage, skipping repartitions; the
+    // result filters follow the columns they test.
     let mut stage = Arc::clone(scan.stage());
+    let mut filters = scan.result_filters().to_vec();
     for op in chain.into_iter().rev() {
+        filters = result_filter::lift_through(&filters, &op);
         if op.is::<RepartitionExec>() {
             continue;
         }
@@ -123,7 +127,9 @@ fn fold(node: Arc<dyn ExecutionPlan>) -> Transformed<Arc<dyn ExecutionPlan>> {
     if !round_trips(&stage) {
         return Transformed::no(node);
     }
-    Transformed::yes(Arc::new(scan.with_stage(stage)))
+    Transformed::yes(Arc::new(
+        scan.with_stage(stage).with_result_filters(filters),
+    ))
 }
 
 /// A sort directly above a device scan moves into the stage: each device
@@ -148,7 +154,10 @@ fn fold_sort(node: &Arc<dyn ExecutionPlan>) -> Option<Arc<dyn ExecutionPlan>> {
     if !round_trips(&stage) {
         return None;
     }
-    let sorted_scan: Arc<dyn ExecutionPlan> = Arc::new(scan.with_stage(stage));
+    let sorted_scan: Arc<dyn ExecutionPlan> = Arc::new(
+        scan.with_stage(stage)
+            .with_result_filters(scan.result_filters().to_vec()),
+    );
     let merges_itself = !sort.preserve_partitioning();
     if merges_itself && sorted_scan.output_partitioning().partition_count() > 1 {
         let merge = DeviceMergeExec::new(sort.expr().clone(), sorted_scan).with_fetch(sort.fetch());

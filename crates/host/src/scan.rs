@@ -22,6 +22,9 @@ use datafusion::common::{internal_err, DataFusionError, Result, Statistics};
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
 use datafusion::physical_expr::PhysicalExpr;
 use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType, SchedulingType};
+use datafusion::physical_plan::filter_pushdown::{
+    ChildPushdownResult, FilterPushdownPhase, FilterPushdownPropagation,
+};
 use datafusion::physical_plan::metrics::{ExecutionPlanMetricsSet, MetricBuilder, MetricsSet};
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::{
@@ -36,6 +39,7 @@ use insitu_wire::{ResultCodec, StagePlanEnvelope};
 
 use crate::catalog::DeviceShare;
 use crate::options::InsituOptions;
+use crate::result_filter;
 use crate::stats::StageStatsSink;
 
 /// Runs a stage plan on each device that holds part of a table.
@@ -52,6 +56,9 @@ pub struct DeviceScanExec {
     auto: bool,
     /// What the placement rule predicted for each candidate, and chose.
     placement: Option<Arc<crate::placement::PlacementChoice>>,
+    /// Dynamic filters over the results, applied as they arrive
+    /// ([`result_filter`](crate::result_filter)).
+    result_filters: Vec<Arc<dyn PhysicalExpr>>,
 }
 
 impl DeviceScanExec {
@@ -78,6 +85,7 @@ impl DeviceScanExec {
             metrics: ExecutionPlanMetricsSet::new(),
             auto: false,
             placement: None,
+            result_filters: vec![],
         }
     }
 
@@ -114,9 +122,21 @@ impl DeviceScanExec {
     }
 
     /// The same devices running a bigger stage (the optimizer folds host
-    /// operators into it).
+    /// operators into it). The result filters are dropped: they filter the
+    /// old stage's output; see [`Self::with_result_filters`].
     pub fn with_stage(&self, stage: Arc<dyn ExecutionPlan>) -> Self {
         Self::new(stage, self.shares.clone(), Arc::clone(&self.stats)).with_auto(self.auto)
+    }
+
+    /// Dynamic filters applied to the results as they arrive.
+    pub fn result_filters(&self) -> &[Arc<dyn PhysicalExpr>] {
+        &self.result_filters
+    }
+
+    /// The same scan with `filters` (over its output) on its results.
+    pub fn with_result_filters(mut self, filters: Vec<Arc<dyn PhysicalExpr>>) -> Self {
+        self.result_filters = filters;
+        self
     }
 
     /// The stage bound to one device's partitions, encoded in its envelope.
@@ -165,6 +185,10 @@ impl DisplayAs for DeviceScanExec {
         if let Some(choice) = &self.placement {
             write!(f, ", {choice}")?;
         }
+        if !self.result_filters.is_empty() {
+            let filters: Vec<String> = self.result_filters.iter().map(|e| e.to_string()).collect();
+            write!(f, ", result_filter=[{}]", filters.join(" AND "))?;
+        }
         Ok(())
     }
 }
@@ -186,11 +210,44 @@ impl ExecutionPlan for DeviceScanExec {
         Some(self.metrics.clone_inner())
     }
 
+    /// The result filters: a hash join computes its dynamic filter only
+    /// when it finds a consumer among its probe side's expressions.
     fn apply_expressions(
         &self,
-        _f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> Result<TreeNodeRecursion>,
+        f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> Result<TreeNodeRecursion>,
     ) -> Result<TreeNodeRecursion> {
+        for filter in &self.result_filters {
+            if f(filter)? == TreeNodeRecursion::Stop {
+                return Ok(TreeNodeRecursion::Stop);
+            }
+        }
         Ok(TreeNodeRecursion::Continue)
+    }
+
+    /// Keeps the dynamic filters DataFusion pushes after optimization and
+    /// reports every filter as not pushed down: the scan may drop them
+    /// when operators fold into its stage.
+    fn handle_child_pushdown_result(
+        &self,
+        phase: FilterPushdownPhase,
+        child_pushdown_result: ChildPushdownResult,
+        _config: &datafusion::config::ConfigOptions,
+    ) -> Result<FilterPushdownPropagation<Arc<dyn ExecutionPlan>>> {
+        let dynamic: Vec<Arc<dyn PhysicalExpr>> = child_pushdown_result
+            .parent_filters
+            .iter()
+            .map(|f| &f.filter)
+            .filter(|f| result_filter::is_dynamic(f))
+            .cloned()
+            .collect();
+        let unsupported = FilterPushdownPropagation::all_unsupported(child_pushdown_result);
+        if phase != FilterPushdownPhase::Post || dynamic.is_empty() {
+            return Ok(unsupported);
+        }
+        let mut filters = self.result_filters.clone();
+        filters.extend(dynamic);
+        let updated = self.clone().with_result_filters(filters);
+        Ok(unsupported.with_updated_node(Arc::new(updated)))
     }
 
     fn with_new_children(
@@ -278,7 +335,21 @@ impl ExecutionPlan for DeviceScanExec {
             ))
         })
         .try_flatten();
-        Ok(Box::pin(RecordBatchStreamAdapter::new(schema, stream)))
+        if self.result_filters.is_empty() {
+            return Ok(Box::pin(RecordBatchStreamAdapter::new(schema, stream)));
+        }
+        let filters = self.result_filters.clone();
+        let dropped =
+            MetricBuilder::new(&self.metrics).counter("result_filter_dropped_rows", partition);
+        let filtered = stream.try_filter_map(move |batch| {
+            let rows = batch.num_rows();
+            let kept = result_filter::apply(&filters, batch).map(|kept| {
+                dropped.add(rows - kept.num_rows());
+                (kept.num_rows() > 0).then_some(kept)
+            });
+            futures::future::ready(kept)
+        });
+        Ok(Box::pin(RecordBatchStreamAdapter::new(schema, filtered)))
     }
 }
 

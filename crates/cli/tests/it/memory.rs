@@ -376,9 +376,20 @@ async fn a_device_server_survives_a_stage_past_its_budget() {
 /// The largest `build_input_rows` of the hash joins in an EXPLAIN
 /// ANALYZE text ("build_input_rows=1.50 K").
 fn largest_build_rows(explain: &str) -> f64 {
+    largest_metric(explain, "build_input_rows")
+}
+
+/// The largest value of metric `name` in an EXPLAIN ANALYZE text
+/// ("name=1.50 K"), 0 without one.
+fn largest_metric(explain: &str, name: &str) -> f64 {
+    let key = format!("{name}=");
     explain
-        .split("build_input_rows=")
-        .skip(1)
+        .match_indices(&key)
+        .filter(|(at, _)| {
+            let before = explain[..*at].chars().next_back();
+            !before.is_some_and(|c| c.is_alphanumeric() || c == '_')
+        })
+        .map(|(at, _)| &explain[at + key.len()..])
         .map(|rest| {
             let mut words = rest
                 .split([',', ']'])
@@ -393,6 +404,15 @@ fn largest_build_rows(explain: &str) -> f64 {
                 _ => number,
             }
         })
+        .fold(0.0, f64::max)
+}
+
+/// The largest `output_rows` of the EXPLAIN ANALYZE lines holding `operator`.
+fn output_rows_of(explain: &str, operator: &str) -> f64 {
+    explain
+        .lines()
+        .filter(|line| line.contains(operator))
+        .map(|line| largest_metric(line, "output_rows"))
         .fold(0.0, f64::max)
 }
 
@@ -432,4 +452,51 @@ async fn reordered_joins_build_smaller_hash_tables_with_the_same_answers() {
         builds[1]
     );
     assert_eq!(answers[0], answers[1]);
+}
+
+/// Q20's semi join keeps the partsupp rows of few parts; its dynamic filter
+/// drops the lineitem groups of other parts as the devices' results
+/// arrive, so the final aggregate holds far fewer groups than without it.
+/// Both give DuckDB's answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn join_filters_drop_device_results_before_the_host_aggregates_them() {
+    let root = common::tpch_root(0.01, 4);
+    let q20 = common::query_sql(20);
+    let mut groups = Vec::new();
+    for dynamic in [true, false] {
+        let host = common::host(&root, Pushdown::On).await;
+        let set =
+            format!("set datafusion.optimizer.enable_join_dynamic_filter_pushdown = {dynamic}");
+        let analyze = host
+            .sql(&format!("{set}; explain analyze {q20}"))
+            .await
+            .expect("explain analyze");
+        let text = arrow::util::pretty::pretty_format_batches(&analyze.batches)
+            .expect("format")
+            .to_string();
+        let dropped = largest_metric(&text, "result_filter_dropped_rows");
+        assert_eq!(dropped > 0.0, dynamic, "dropped {dropped} rows:\n{text}");
+        assert_eq!(
+            text.contains("result_filter=[DynamicFilter"),
+            dynamic,
+            "{text}"
+        );
+        groups.push(output_rows_of(
+            &text,
+            "AggregateExec: mode=FinalPartitioned, gby=[l_partkey",
+        ));
+        let out = host.sql(&q20).await.expect("q20");
+        common::compare(20, &out.batches, &common::fixture("tpch-sf0.01", 20)).expect("q20 rows");
+    }
+    assert!(
+        groups[1] > 1000.0,
+        "without the filter: {} groups",
+        groups[1]
+    );
+    assert!(
+        groups[0] * 10.0 < groups[1],
+        "with the filter {} groups, without {}",
+        groups[0],
+        groups[1]
+    );
 }
