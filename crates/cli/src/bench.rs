@@ -113,6 +113,8 @@ struct Report {
     host_threads: usize,
     device_threads: usize,
     root: String,
+    /// Predicted vs measured time of auto's stages, each run on its own.
+    model_error: ModelError,
     queries: Vec<QueryResult>,
 }
 
@@ -259,6 +261,7 @@ pub async fn compare(
             .and_then(|runs| runs.last())
             .map(|r| r.stats.placements.clone())
             .unwrap_or_default();
+        let placements = with_stages_alone(&auto, sql, runs, placements).await;
         let result = QueryResult {
             query: q,
             auto_vs_best: a.median_secs / p.median_secs.min(l.median_secs),
@@ -274,6 +277,58 @@ pub async fn compare(
         results.push(result);
     }
     Ok(results)
+}
+
+/// `placements` with each stage's median time when run on its own
+/// (`runs` times): what the model's predictions are checked against.
+async fn with_stages_alone(
+    host: &InsituHost,
+    sql: &str,
+    runs: usize,
+    mut placements: Vec<insitu_host::StagePlacement>,
+) -> Vec<insitu_host::StagePlacement> {
+    let mut times: Vec<Vec<f64>> = vec![vec![]; placements.len()];
+    for _ in 0..runs.max(1) {
+        let Ok(alone) = host.time_stages(sql).await else {
+            return placements;
+        };
+        if alone.len() != placements.len() {
+            return placements;
+        }
+        for (list, stage) in times.iter_mut().zip(&alone) {
+            list.extend(stage.alone_secs);
+        }
+    }
+    for (placement, list) in placements.iter_mut().zip(&times) {
+        placement.alone_secs = (!list.is_empty()).then(|| median(list));
+    }
+    placements
+}
+
+/// The model's error over the stages run on their own:
+/// |predicted - measured| / measured.
+#[derive(Debug, Clone, Serialize)]
+pub struct ModelError {
+    pub stages: usize,
+    pub median: f64,
+    pub p90: f64,
+}
+
+pub fn model_error(results: &[QueryResult]) -> ModelError {
+    let mut errors: Vec<f64> = results
+        .iter()
+        .flat_map(|r| &r.placements)
+        .filter_map(|p| {
+            let alone = p.alone_secs.filter(|&s| s > 0.0)?;
+            Some((p.choice.chosen_secs() - alone).abs() / alone)
+        })
+        .collect();
+    errors.sort_by(f64::total_cmp);
+    ModelError {
+        stages: errors.len(),
+        median: median(&errors),
+        p90: percentile(&errors, 0.9),
+    }
 }
 
 pub fn markdown_table(results: &[QueryResult]) -> String {
@@ -487,6 +542,7 @@ async fn report(
         host_threads: std::thread::available_parallelism().map_or(1, |n| n.get()),
         device_threads: a.threads,
         root: location.to_string(),
+        model_error: model_error(&results),
         queries: results.clone(),
     };
     std::fs::create_dir_all(&a.out).map_err(|e| format!("{}: {e}", a.out.display()))?;
@@ -498,9 +554,17 @@ async fn report(
     let md_path = a.out.join(format!("{stem}.md"));
     let json = serde_json::to_vec_pretty(&report).map_err(|e| e.to_string())?;
     write_atomically(&json_path, &json)?;
+    let error = &report.model_error;
     let md = format!(
-        "# TPC-H SF {} on {devices} {transport} devices, link {}\n\nMedians of {} runs; throttled links are emulated.\n\n{}",
-        a.sf, a.link, a.runs, markdown_table(&results)
+        "# TPC-H SF {} on {devices} {transport} devices, link {}\n\nMedians of {} runs; throttled links are emulated.\n\n{}\n\
+         Model error over auto's {} stages, each run on its own: median {:.0}%, 90th percentile {:.0}%.\n",
+        a.sf,
+        a.link,
+        a.runs,
+        markdown_table(&results),
+        error.stages,
+        error.median * 100.0,
+        error.p90 * 100.0
     );
     write_atomically(&md_path, md.as_bytes())?;
     println!("{md}");

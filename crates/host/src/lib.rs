@@ -336,6 +336,28 @@ impl InsituHost {
         })
     }
 
+    /// Plans `sql`'s last statement (running the `SET`s before it) and
+    /// runs each of its placed stages on its own, timed: the model's
+    /// predictions are for stages alone
+    /// ([`placement::time_stages_alone`]).
+    pub async fn time_stages(&self, sql: &str) -> Result<Vec<StagePlacement>> {
+        let statements = split_statements(sql);
+        let Some((last, sets)) = statements.split_last() else {
+            return Err(DataFusionError::Plan("no SQL statement given".into()));
+        };
+        for set in sets.iter().filter(|s| is_set_statement(s)) {
+            self.ctx.sql(set).await?.collect().await?;
+        }
+        let query = QueryMemory {
+            id: QueryId::next(),
+            pool: self.memory.query_pool(),
+            stages: Arc::new(StageStatsSink::default()),
+        };
+        let ctx = self.query_context(&query, None);
+        let plan = ctx.sql(last).await?.create_physical_plan().await?;
+        placement::time_stages_alone(&plan, ctx.task_ctx()).await
+    }
+
     /// Plans and runs one statement within `query`'s memory; `joins`
     /// overrides the session's join strategy. `SET` statements change
     /// the session itself, so they last beyond the query.

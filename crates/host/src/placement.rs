@@ -150,6 +150,8 @@ pub struct StagePlacement {
     pub choice: PlacementChoice,
     /// The slowest device's stage time, for a stage the devices ran.
     pub measured_secs: Option<f64>,
+    /// The stage's time when it ran on its own ([`time_stages_alone`]).
+    pub alone_secs: Option<f64>,
 }
 
 impl serde::Serialize for StagePlacement {
@@ -171,6 +173,7 @@ impl serde::Serialize for StagePlacement {
             codec: &'static str,
             predicted_secs: f64,
             measured_secs: Option<f64>,
+            alone_secs: Option<f64>,
             candidates: Vec<Candidate>,
             shape: &'a StageShape,
             machine: &'a Machine,
@@ -181,6 +184,7 @@ impl serde::Serialize for StagePlacement {
             codec: self.choice.codec.name(),
             predicted_secs: self.choice.chosen_secs(),
             measured_secs: self.measured_secs,
+            alone_secs: self.alone_secs,
             candidates: self
                 .choice
                 .candidates
@@ -201,36 +205,107 @@ impl serde::Serialize for StagePlacement {
 
 /// The placed scans of `plan`, with what they measured if it ran.
 pub fn placements(plan: &Arc<dyn ExecutionPlan>) -> Vec<StagePlacement> {
+    placed_nodes(plan).iter().filter_map(placement_of).collect()
+}
+
+/// The nodes of `plan` the placement rule placed: pushed device scans and
+/// pulled stages, in plan order.
+fn placed_nodes(plan: &Arc<dyn ExecutionPlan>) -> Vec<Arc<dyn ExecutionPlan>> {
     use datafusion::common::tree_node::TreeNodeRecursion;
     let mut out = vec![];
     let _ = plan.apply(|node| {
-        if let Some(scan) = node.downcast_ref::<DeviceScanExec>() {
-            if let Some(choice) = scan.placement() {
-                let elapsed = scan.metrics().and_then(|m| {
-                    m.iter()
-                        .filter(|m| m.value().name() == "device_elapsed_us")
-                        .map(|m| m.value().as_usize())
-                        .max()
-                });
-                out.push(StagePlacement {
-                    table: stage_table(scan.stage()),
-                    choice: choice.clone(),
-                    measured_secs: elapsed.filter(|&us| us > 0).map(|us| us as f64 / 1e6),
-                });
-            }
-        } else if let Some(pulled) = node.downcast_ref::<PlacementExec>() {
-            out.push(StagePlacement {
-                table: pulled.table.clone(),
-                choice: pulled.choice.as_ref().clone(),
-                measured_secs: None,
-            });
-            // The stage's own scan is not a device scan; nothing below
-            // it is placed.
-            return Ok(TreeNodeRecursion::Jump);
+        let placed = node
+            .downcast_ref::<DeviceScanExec>()
+            .is_some_and(|scan| scan.placement().is_some());
+        let pulled = node.is::<PlacementExec>();
+        if placed || pulled {
+            out.push(Arc::clone(node));
         }
-        Ok(TreeNodeRecursion::Continue)
+        // A pulled stage's own scan is not a device scan; nothing below
+        // it is placed.
+        Ok(if pulled {
+            TreeNodeRecursion::Jump
+        } else {
+            TreeNodeRecursion::Continue
+        })
     });
     out
+}
+
+fn placement_of(node: &Arc<dyn ExecutionPlan>) -> Option<StagePlacement> {
+    if let Some(scan) = node.downcast_ref::<DeviceScanExec>() {
+        let elapsed = scan.metrics().and_then(|m| {
+            m.iter()
+                .filter(|m| m.value().name() == "device_elapsed_us")
+                .map(|m| m.value().as_usize())
+                .max()
+        });
+        return Some(StagePlacement {
+            table: stage_table(scan.stage()),
+            choice: scan.placement()?.clone(),
+            measured_secs: elapsed.filter(|&us| us > 0).map(|us| us as f64 / 1e6),
+            alone_secs: None,
+        });
+    }
+    let pulled = node.downcast_ref::<PlacementExec>()?;
+    Some(StagePlacement {
+        table: pulled.table.clone(),
+        choice: pulled.choice.as_ref().clone(),
+        measured_secs: None,
+        alone_secs: None,
+    })
+}
+
+/// The placed stages of `plan`, each run on its own (all its partitions
+/// at once, results drained), with the time that took: what the model
+/// predicts, free of the waits a stage sees inside a query (a probe side
+/// waits for its build side; stages share the link and the cores).
+pub async fn time_stages_alone(
+    plan: &Arc<dyn ExecutionPlan>,
+    context: Arc<datafusion::execution::TaskContext>,
+) -> Result<Vec<StagePlacement>> {
+    let mut out = vec![];
+    for node in placed_nodes(plan) {
+        let started = std::time::Instant::now();
+        drain_all_partitions(&node, &context).await?;
+        let secs = started.elapsed().as_secs_f64();
+        if let Some(mut placement) = placement_of(&node) {
+            placement.alone_secs = Some(secs);
+            out.push(placement);
+        }
+    }
+    Ok(out)
+}
+
+/// Runs every partition of `node` on its own task and drops the batches.
+async fn drain_all_partitions(
+    node: &Arc<dyn ExecutionPlan>,
+    context: &Arc<datafusion::execution::TaskContext>,
+) -> Result<()> {
+    use futures::StreamExt;
+    let partitions = node.properties().output_partitioning().partition_count();
+    let mut tasks = Vec::with_capacity(partitions);
+    for partition in 0..partitions {
+        let mut stream = node.execute(partition, Arc::clone(context))?;
+        tasks.push(tokio::spawn(async move {
+            while let Some(batch) = stream.next().await {
+                batch?;
+            }
+            Ok::<_, datafusion::error::DataFusionError>(())
+        }));
+    }
+    let mut outcome = Ok(());
+    for task in tasks {
+        if outcome.is_err() {
+            task.abort();
+            continue;
+        }
+        outcome = task
+            .await
+            .map_err(|e| datafusion::error::DataFusionError::External(Box::new(e)))
+            .and_then(|drained| drained);
+    }
+    outcome
 }
 
 /// The table a device stage reads.

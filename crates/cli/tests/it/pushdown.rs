@@ -148,6 +148,14 @@ async fn auto_pulls_a_scan_keeping_every_row_and_pushes_a_selective_one() {
     );
     let measured = pushed.stats.placements[0].measured_secs;
     assert!(measured.is_some_and(|s| s > 0.0), "{:?}", pushed.stats);
+    // Each stage runs on its own too, pulled or pushed, as placed in the
+    // query; that is what the model's predictions are checked against.
+    for (sql, placed) in [(every_row, "pull"), (selective, "push")] {
+        let alone = auto.time_stages(sql).await.expect("stages alone");
+        assert_eq!(alone.len(), 1, "{sql}");
+        assert_eq!(alone[0].choice.chosen.name(), placed, "{sql}");
+        assert!(alone[0].alone_secs.is_some_and(|s| s > 0.0), "{alone:?}");
+    }
 }
 
 #[test]
