@@ -231,6 +231,21 @@ fn best_secs(mut f: impl FnMut()) -> f64 {
         .max(1e-9)
 }
 
+/// Runs timed for the stage start, which varies more than a rate.
+const STAGE_START_RUNS: usize = 9;
+
+fn median_secs(runs: usize, mut f: impl FnMut()) -> f64 {
+    let mut secs: Vec<f64> = (0..runs.max(1))
+        .map(|_| {
+            let started = Instant::now();
+            f();
+            started.elapsed().as_secs_f64()
+        })
+        .collect();
+    secs.sort_by(f64::total_cmp);
+    secs[secs.len() / 2].max(1e-9)
+}
+
 /// Calibration data, columns of the kinds TPC-H stores: a key of 4
 /// values and a key of `rows / 8` values (dictionary-encoded and
 /// many-group fixed width), an amount of many values (plain), a
@@ -365,7 +380,41 @@ fn measure_compute_rates() -> ComputeRates {
         ipc_decode_bytes_per_sec: plain.len() as f64 / decode_ipc,
         // What compressing adds to encoding.
         lz4_compress_bytes_per_sec: arrow_bytes / (compress - encode).max(encode * 0.1),
+        stages_started_per_sec: 1.0 / stage_start_secs(),
     }
+}
+
+/// Seconds from a plan to the rows of a Parquet file of a few rows on
+/// this machine's storage: DataFusion plans the scan, opens the file,
+/// reads its footer and decodes it. What a stage costs however few rows
+/// it reads.
+fn stage_start_secs() -> f64 {
+    let (parquet, _) = parquet_bytes(&sample_batch(16));
+    use datafusion::prelude::{ParquetReadOptions, SessionConfig, SessionContext};
+    let dir = std::env::temp_dir().join(format!("insitu-calibrate-{}", std::process::id()));
+    let file = dir.join("start.parquet");
+    let written = std::fs::create_dir_all(&dir).and_then(|()| std::fs::write(&file, &parquet));
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .expect("calibration runtime");
+    let ctx = SessionContext::new_with_config(SessionConfig::new().with_target_partitions(1));
+    let path = file.to_string_lossy().into_owned();
+    // The median, not the best: a start is allocations, system calls and
+    // thread hops, and a typical one is what every stage pays.
+    let secs = written.ok().map(|()| {
+        median_secs(STAGE_START_RUNS, || {
+            runtime.block_on(async {
+                let df = ctx
+                    .read_parquet(&path, ParquetReadOptions::default())
+                    .await
+                    .expect("calibration scan");
+                std::hint::black_box(df.collect().await.expect("calibration start"));
+            })
+        })
+    });
+    let _ = std::fs::remove_dir_all(&dir);
+    // Without a writable temp directory, a stage start of a millisecond.
+    secs.unwrap_or(1e-3)
 }
 
 /// Seconds of DataFusion's hash aggregate summing the amounts by `key`,
@@ -430,6 +479,10 @@ mod tests {
         // Any machine that runs insitu decodes more than 1 M values a second.
         assert!(rates.decode_fixed_values_per_sec > 1e6, "{rates:?}");
         assert!(rates.decode_string_values_per_sec > 1e5, "{rates:?}");
+        // Starting a scan of a tiny file takes between 10 µs and 100 ms.
+        assert!(rates.stages_started_per_sec > 10.0, "{rates:?}");
+        assert!(rates.stages_started_per_sec < 1e5, "{rates:?}");
+        eprintln!("{rates:?}");
     }
 
     #[test]

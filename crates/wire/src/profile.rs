@@ -12,7 +12,7 @@ use serde::{Deserialize, Serialize};
 use crate::{WireError, WireResult};
 
 /// Version of the profile format; a file of another version is measured again.
-pub const PROFILE_VERSION: u32 = 1;
+pub const PROFILE_VERSION: u32 = 2;
 
 /// File name of a device's profile inside its directory.
 pub const DEVICE_PROFILE_FILE: &str = "profile.json";
@@ -54,10 +54,13 @@ pub struct ComputeRates {
     pub ipc_decode_bytes_per_sec: f64,
     /// Arrow bytes compressed with LZ4 frame, per second.
     pub lz4_compress_bytes_per_sec: f64,
+    /// Stages started per second: planning a stage and opening its file,
+    /// what a stage costs before its first row.
+    pub stages_started_per_sec: f64,
 }
 
 impl ComputeRates {
-    fn named(&self) -> [(&'static str, f64); 11] {
+    fn named(&self) -> [(&'static str, f64); 12] {
         [
             (
                 "decode_fixed_values_per_sec",
@@ -88,6 +91,7 @@ impl ComputeRates {
                 "lz4_compress_bytes_per_sec",
                 self.lz4_compress_bytes_per_sec,
             ),
+            ("stages_started_per_sec", self.stages_started_per_sec),
         ]
     }
 
@@ -208,6 +212,7 @@ mod tests {
             ipc_encode_bytes_per_sec: 4e9,
             ipc_decode_bytes_per_sec: 8e9,
             lz4_compress_bytes_per_sec: 1e9,
+            stages_started_per_sec: 1e3,
         }
     }
 
