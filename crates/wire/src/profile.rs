@@ -12,7 +12,7 @@ use serde::{Deserialize, Serialize};
 use crate::{WireError, WireResult};
 
 /// Version of the profile format; a file of another version is measured again.
-pub const PROFILE_VERSION: u32 = 2;
+pub const PROFILE_VERSION: u32 = 3;
 
 /// File name of a device's profile inside its directory.
 pub const DEVICE_PROFILE_FILE: &str = "profile.json";
