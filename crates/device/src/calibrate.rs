@@ -223,30 +223,30 @@ fn time_reads(files: &[(PathBuf, u64)]) -> std::io::Result<f64> {
 }
 
 /// Seconds of the fastest of [`RUNS`] runs of `f`.
-fn best_secs(mut f: impl FnMut()) -> f64 {
-    (0..RUNS)
+fn best_secs(f: impl FnMut()) -> f64 {
+    timed_runs(RUNS, f)
+        .into_iter()
+        .fold(f64::INFINITY, f64::min)
+}
+
+/// Seconds of each of `runs` calls of `f` (at least a nanosecond each).
+fn timed_runs(runs: usize, mut f: impl FnMut()) -> Vec<f64> {
+    (0..runs.max(1))
         .map(|_| {
             let started = Instant::now();
             f();
-            started.elapsed().as_secs_f64()
+            started.elapsed().as_secs_f64().max(1e-9)
         })
-        .fold(f64::INFINITY, f64::min)
-        .max(1e-9)
+        .collect()
 }
 
 /// Runs timed for the stage start, which varies more than a rate.
 const STAGE_START_RUNS: usize = 9;
 
-fn median_secs(runs: usize, mut f: impl FnMut()) -> f64 {
-    let mut secs: Vec<f64> = (0..runs.max(1))
-        .map(|_| {
-            let started = Instant::now();
-            f();
-            started.elapsed().as_secs_f64()
-        })
-        .collect();
+fn median_secs(runs: usize, f: impl FnMut()) -> f64 {
+    let mut secs = timed_runs(runs, f);
     secs.sort_by(f64::total_cmp);
-    secs[secs.len() / 2].max(1e-9)
+    secs[secs.len() / 2]
 }
 
 /// Calibration data, columns of the kinds TPC-H stores: a key of 4
@@ -329,14 +329,14 @@ fn measure_compute_rates() -> ComputeRates {
     let batch = sample_batch(CALIBRATION_ROWS);
     let rows = batch.num_rows() as f64;
     let (parquet, stored) = parquet_bytes(&batch);
-    let through_datafusion = DataFusionScan::new(&parquet);
+    let through_datafusion = DataFusionScan::new(&parquet, "rates");
     let decode = |column: usize| {
         let secs = match &through_datafusion {
             // What a stage's scan costs: DataFusion's Parquet source, its
             // batches and schema adaptation, not only the decoder's loop
             // (which measured 30-45% faster and left the model short on
             // TPC-H's large scans).
-            Some(scan) => best_secs(|| scan.column(batch.schema().field(column).name())),
+            Some(scan) => best_secs(|| scan.columns(Some(batch.schema().field(column).name()))),
             None => best_secs(|| {
                 let builder = ParquetRecordBatchReaderBuilder::try_new(parquet.clone())
                     .expect("calibration parquet");
@@ -401,31 +401,12 @@ fn measure_compute_rates() -> ComputeRates {
 /// it reads.
 fn stage_start_secs() -> f64 {
     let (parquet, _) = parquet_bytes(&sample_batch(16));
-    use datafusion::prelude::{ParquetReadOptions, SessionConfig, SessionContext};
-    let dir = std::env::temp_dir().join(format!("insitu-calibrate-{}", std::process::id()));
-    let file = dir.join("start.parquet");
-    let written = std::fs::create_dir_all(&dir).and_then(|()| std::fs::write(&file, &parquet));
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .build()
-        .expect("calibration runtime");
-    let ctx = SessionContext::new_with_config(SessionConfig::new().with_target_partitions(1));
-    let path = file.to_string_lossy().into_owned();
     // The median, not the best: a start is allocations, system calls and
-    // thread hops, and a typical one is what every stage pays.
-    let secs = written.ok().map(|()| {
-        median_secs(STAGE_START_RUNS, || {
-            runtime.block_on(async {
-                let df = ctx
-                    .read_parquet(&path, ParquetReadOptions::default())
-                    .await
-                    .expect("calibration scan");
-                std::hint::black_box(df.collect().await.expect("calibration start"));
-            })
-        })
-    });
-    let _ = std::fs::remove_dir_all(&dir);
-    // Without a writable temp directory, a stage start of a millisecond.
-    secs.unwrap_or(1e-3)
+    // thread hops, and a typical one is what every stage pays. Without a
+    // writable temp directory, a stage start of a millisecond.
+    DataFusionScan::new(&parquet, "start").map_or(1e-3, |scan| {
+        median_secs(STAGE_START_RUNS, || scan.columns(None))
+    })
 }
 
 /// The calibration file on this machine's storage, scanned by DataFusion
@@ -438,12 +419,13 @@ struct DataFusionScan {
 }
 
 impl DataFusionScan {
-    /// `None` when no temporary file can be written.
-    fn new(parquet: &Bytes) -> Option<Self> {
+    /// `parquet` written as a temp file named after `name`; `None` when
+    /// it cannot be written.
+    fn new(parquet: &Bytes, name: &str) -> Option<Self> {
         use datafusion::prelude::{SessionConfig, SessionContext};
         let dir =
-            std::env::temp_dir().join(format!("insitu-calibrate-scan-{}", std::process::id()));
-        let file = dir.join("rates.parquet");
+            std::env::temp_dir().join(format!("insitu-calibrate-{name}-{}", std::process::id()));
+        let file = dir.join(format!("{name}.parquet"));
         std::fs::create_dir_all(&dir).ok()?;
         std::fs::write(&file, parquet).ok()?;
         let runtime = tokio::runtime::Builder::new_current_thread().build().ok()?;
@@ -456,17 +438,19 @@ impl DataFusionScan {
         })
     }
 
-    /// Decodes one column of the whole file.
-    fn column(&self, name: &str) {
+    /// Plans a scan of the whole file and decodes `column` (every column
+    /// when `None`).
+    fn columns(&self, column: Option<&str>) {
         use datafusion::prelude::ParquetReadOptions;
         self.runtime.block_on(async {
-            let df = self
+            let mut df = self
                 .ctx
                 .read_parquet(&self.path, ParquetReadOptions::default())
                 .await
-                .expect("calibration scan")
-                .select_columns(&[name])
-                .expect("calibration column");
+                .expect("calibration scan");
+            if let Some(name) = column {
+                df = df.select_columns(&[name]).expect("calibration column");
+            }
             let mut stream = df.execute_stream().await.expect("calibration stream");
             while let Some(batch) = futures::StreamExt::next(&mut stream).await {
                 std::hint::black_box(batch.expect("calibration decode"));

@@ -373,6 +373,17 @@ async fn a_device_server_survives_a_stage_past_its_budget() {
     assert!(text.contains("2000") && text.contains("5995"), "{text}");
 }
 
+/// The EXPLAIN ANALYZE text of `query` after the statement `set`.
+async fn explain_analyze(host: &InsituHost, set: &str, query: &str) -> String {
+    let analyze = host
+        .sql(&format!("{set}; explain analyze {query}"))
+        .await
+        .expect("explain analyze");
+    arrow::util::pretty::pretty_format_batches(&analyze.batches)
+        .expect("format")
+        .to_string()
+}
+
 /// The largest `build_input_rows` of the hash joins in an EXPLAIN
 /// ANALYZE text ("build_input_rows=1.50 K").
 fn largest_build_rows(explain: &str) -> f64 {
@@ -433,13 +444,7 @@ async fn reordered_joins_build_smaller_hash_tables_with_the_same_answers() {
             .await
             .expect("set");
         let set = format!("set insitu.reorder_joins = {reorder}");
-        let analyze = host
-            .sql(&format!("{set}; explain analyze {q7}"))
-            .await
-            .expect("explain analyze");
-        let text = arrow::util::pretty::pretty_format_batches(&analyze.batches)
-            .expect("format")
-            .to_string();
+        let text = explain_analyze(&host, &set, &q7).await;
         builds.push(largest_build_rows(&text));
         let out = host.sql(&q7).await.expect("q7");
         answers.push(
@@ -471,13 +476,7 @@ async fn join_filters_drop_device_results_before_the_host_aggregates_them() {
         let host = common::host(&root, Pushdown::On).await;
         let set =
             format!("set datafusion.optimizer.enable_join_dynamic_filter_pushdown = {dynamic}");
-        let analyze = host
-            .sql(&format!("{set}; explain analyze {q20}"))
-            .await
-            .expect("explain analyze");
-        let text = arrow::util::pretty::pretty_format_batches(&analyze.batches)
-            .expect("format")
-            .to_string();
+        let text = explain_analyze(&host, &set, &q20).await;
         let dropped = largest_metric(&text, "result_filter_dropped_rows");
         assert_eq!(dropped > 0.0, dynamic, "dropped {dropped} rows:\n{text}");
         assert_eq!(
