@@ -77,7 +77,7 @@ fn print_rates(r: &ComputeRates) {
     println!(
         "  per thread: decode {}/s fixed values + {} of their pages, {}/s strings + {}; \
          filter {}/s rows; aggregate {}/s rows (few groups), {}/s (many); sort {}/s rows; \
-         IPC encode {}, decode {}; LZ4 {}",
+         IPC encode {}, decode {}; LZ4 {}, Zstd {}",
         m(r.decode_fixed_values_per_sec),
         b(r.decode_fixed_bytes_per_sec),
         m(r.decode_string_values_per_sec),
@@ -89,5 +89,6 @@ fn print_rates(r: &ComputeRates) {
         b(r.ipc_encode_bytes_per_sec),
         b(r.ipc_decode_bytes_per_sec),
         b(r.lz4_compress_bytes_per_sec),
+        b(r.zstd_compress_bytes_per_sec),
     );
 }

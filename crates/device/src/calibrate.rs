@@ -370,6 +370,9 @@ fn measure_compute_rates() -> ComputeRates {
     let compress = best_secs(|| {
         std::hint::black_box(ipc_bytes(&batch, Some(CompressionType::LZ4_FRAME)));
     });
+    let compress_zstd = best_secs(|| {
+        std::hint::black_box(ipc_bytes(&batch, Some(CompressionType::ZSTD)));
+    });
     let decode_ipc = best_secs(|| {
         let reader = arrow_ipc::reader::StreamReader::try_new(std::io::Cursor::new(&plain), None)
             .expect("ipc");
@@ -391,6 +394,7 @@ fn measure_compute_rates() -> ComputeRates {
         ipc_decode_bytes_per_sec: plain.len() as f64 / decode_ipc,
         // What compressing adds to encoding.
         lz4_compress_bytes_per_sec: arrow_bytes / (compress - encode).max(encode * 0.1),
+        zstd_compress_bytes_per_sec: arrow_bytes / (compress_zstd - encode).max(encode * 0.1),
         stages_started_per_sec: 1.0 / stage_start_secs(),
     }
 }

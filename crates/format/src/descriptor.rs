@@ -54,6 +54,7 @@ pub(crate) fn describe(
             nullable: field.is_nullable(),
             byte_order: "little".into(),
             encodings: encodings.into_iter().collect(),
+            ipc_compression: None,
         });
         let converter =
             StatisticsConverter::try_new(field.name(), &schema, parquet_schema).map_err(pq_err)?;
@@ -133,6 +134,7 @@ pub(crate) fn describe_hybrid(
             nullable: field.is_nullable(),
             byte_order: "little".into(),
             encodings: vec![Encoding::Plain],
+            ipc_compression: None,
         })
         .collect();
     Ok(FormatDescriptor {

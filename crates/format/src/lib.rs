@@ -7,6 +7,7 @@
 //! Nothing here knows about queries.
 
 mod atomic;
+pub mod compressibility;
 mod descriptor;
 pub mod hybrid;
 mod writer;

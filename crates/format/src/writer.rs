@@ -13,6 +13,7 @@ use parquet::basic::Compression;
 use parquet::file::properties::{EnabledStatistics, WriterProperties};
 
 use crate::atomic::sync_dir;
+use crate::compressibility::Sampler;
 use crate::descriptor::{describe, describe_hybrid};
 use crate::hybrid::{ChecksummingFile, HybridWriter};
 use crate::{io_err, FormatError, FormatResult};
@@ -74,6 +75,8 @@ pub struct PartitionWriter {
     table: String,
     partition: u32,
     schema: SchemaRef,
+    /// The first rows written, for the columns' compressibility.
+    sample: Sampler,
 }
 
 impl PartitionWriter {
@@ -108,6 +111,7 @@ impl PartitionWriter {
             table: table.to_string(),
             partition,
             schema: Arc::clone(&schema),
+            sample: Sampler::new(Arc::clone(&schema)),
         };
         this.writer = Some(match &options.layout {
             PartitionLayout::Parquet => {
@@ -147,6 +151,7 @@ impl PartitionWriter {
     }
 
     pub fn write(&mut self, batch: &RecordBatch) -> FormatResult<()> {
+        self.sample.offer(batch);
         match self.writer.as_mut().expect("write after finish") {
             Inner::Parquet(w) => w.write(batch).map_err(|source| FormatError::Parquet {
                 path: self.tmp_path.display().to_string(),
@@ -159,10 +164,13 @@ impl PartitionWriter {
     /// Closes the file, makes it durable under its final name and returns
     /// its descriptor. The caller records the descriptor in the manifest.
     pub fn finish(mut self) -> FormatResult<FormatDescriptor> {
-        let descriptor = match self.writer.take().expect("finish once") {
+        let mut descriptor = match self.writer.take().expect("finish once") {
             Inner::Parquet(w) => self.finish_parquet(*w)?,
             Inner::Hybrid(w) => self.finish_hybrid(*w)?,
         };
+        for (field, ratios) in descriptor.fields.iter_mut().zip(self.sample.finish()) {
+            field.ipc_compression = ratios;
+        }
         fs::rename(&self.tmp_path, &self.final_path).map_err(io_err(&self.final_path))?;
         sync_dir(self.final_path.parent().expect("table dir"))?;
         Ok(descriptor)

@@ -43,11 +43,11 @@ use datafusion::physical_plan::{
     ChildrenPropertiesMode, DisplayAs, DisplayFormatType, ExecutionPlan, ExecutionPlanProperties,
     ReplaceChildrenOptions, StatisticsArgs, StatisticsContext,
 };
-use insitu_model::{DeviceInput, Machine, Placement, Prediction, StageShape};
+use insitu_model::{DeviceInput, Machine, Placement, Prediction, ResultEncoding, StageShape};
 use insitu_stage::PartitionScanExec;
 use insitu_wire::{
-    ColumnStats, DeviceProfile, FormatDescriptor, HostProfile, ResultCodec, RowGroupStats,
-    PROFILE_VERSION,
+    ColumnStats, DeviceProfile, FormatDescriptor, HostProfile, IpcCompression, ResultCodec,
+    RowGroupStats, PROFILE_VERSION,
 };
 
 use crate::catalog::DeviceShare;
@@ -57,9 +57,13 @@ use crate::result_filter;
 use crate::scan::DeviceScanExec;
 use crate::statistics::VARIABLE_VALUE_BYTES_ASSUMED;
 
-/// Link bytes per Arrow byte of compressed device results, as the model
-/// assumes them (TPC-H SF1 Q3 over 1 GbE: 141 MiB plain, 37 MiB LZ4).
-pub const COMPRESSED_RESULT_RATIO: f64 = 0.4;
+/// Link bytes per Arrow byte of LZ4-compressed device results, assumed
+/// for a column whose descriptor records no sample of its own (TPC-H SF1
+/// Q3 over 1 GbE: 141 MiB plain, 37 MiB LZ4).
+pub const LZ4_RESULT_RATIO_ASSUMED: f64 = 0.4;
+
+/// [`LZ4_RESULT_RATIO_ASSUMED`] for Zstandard.
+pub const ZSTD_RESULT_RATIO_ASSUMED: f64 = 0.3;
 
 /// The candidates the rule weighed for one scan, and what it chose.
 #[derive(Debug, Clone, PartialEq)]
@@ -75,24 +79,22 @@ pub struct PlacementChoice {
 }
 
 impl PlacementChoice {
-    /// The choice of `best` among `candidates`: its placement, and
-    /// `compressing` as the codec when its results travel compressed.
-    /// `shape` keeps the chosen encoding, for `insitu simulate`.
+    /// The choice of `best` among `candidates`: its placement and its
+    /// results' codec. `shape` keeps the chosen encoding, for `insitu
+    /// simulate`.
     fn of(
         best: Prediction,
         candidates: Vec<Prediction>,
-        mut shape: StageShape,
+        shape: StageShape,
         machine: Machine,
-        compressing: ResultCodec,
     ) -> Self {
-        shape.result_bytes_ratio = best.result_bytes_ratio;
+        let shape = shape.with_encoding(ResultEncoding {
+            codec: best.codec,
+            bytes_ratio: best.result_bytes_ratio,
+        });
         Self {
             chosen: best.placement,
-            codec: if best.compressed() {
-                compressing
-            } else {
-                ResultCodec::None
-            },
+            codec: best.codec,
             candidates,
             shape,
             machine,
@@ -101,13 +103,9 @@ impl PlacementChoice {
 
     /// Predicted seconds of the chosen placement.
     pub fn chosen_secs(&self) -> f64 {
-        let compressed = self.codec != ResultCodec::None;
         self.candidates
             .iter()
-            .find(|p| {
-                p.placement == self.chosen
-                    && (p.placement == Placement::Pull || p.compressed() == compressed)
-            })
+            .find(|p| p.placement == self.chosen && p.codec == self.codec)
             .map_or(0.0, |p| p.total_secs)
     }
 }
@@ -121,7 +119,11 @@ impl fmt::Display for PlacementChoice {
         f.write_str(" (predicted")?;
         for (i, p) in self.candidates.iter().enumerate() {
             let sep = if i == 0 { " " } else { ", " };
-            let encoding = if p.compressed() { " compressed" } else { "" };
+            let encoding = if p.compressed() {
+                format!(" {}", p.codec.name())
+            } else {
+                String::new()
+            };
             write!(
                 f,
                 "{sep}{}{encoding}: {} ms, {} link bytes",
@@ -163,6 +165,7 @@ impl serde::Serialize for StagePlacement {
         struct Candidate {
             placement: &'static str,
             compressed: bool,
+            codec: &'static str,
             predicted_secs: f64,
             predicted_link_bytes: f64,
         }
@@ -192,6 +195,7 @@ impl serde::Serialize for StagePlacement {
                 .map(|p| Candidate {
                     placement: p.placement.name(),
                     compressed: p.compressed(),
+                    codec: p.codec.name(),
                     predicted_secs: p.total_secs,
                     predicted_link_bytes: p.link_bytes,
                 })
@@ -435,19 +439,64 @@ impl Chain {
 }
 
 /// The result encodings a pushed stage may use under the session's
-/// `insitu.result_compression`, as link bytes per Arrow byte, and the
-/// codec that compresses: `auto` weighs plain against LZ4 per scan,
-/// a fixed codec is the only one.
-fn result_encodings(config: &ConfigOptions) -> (Vec<f64>, ResultCodec) {
+/// `insitu.result_compression`: `auto` weighs plain, LZ4 and Zstandard
+/// per scan, a fixed codec is the only one. `ratios` are the stage's
+/// results' bytes per codec ([`result_ratios`]).
+fn result_encodings(config: &ConfigOptions, ratios: IpcCompression) -> Vec<ResultEncoding> {
     let choice = config
         .extensions
         .get::<InsituOptions>()
         .map(|o| o.result_compression)
         .unwrap_or_default();
+    let encoding = |codec| ResultEncoding {
+        codec,
+        bytes_ratio: match codec {
+            ResultCodec::None => 1.0,
+            ResultCodec::Lz4Frame => ratios.lz4_ratio,
+            ResultCodec::Zstd => ratios.zstd_ratio,
+        },
+    };
     match choice {
-        CompressionChoice::Auto => (vec![1.0, COMPRESSED_RESULT_RATIO], ResultCodec::Lz4Frame),
-        CompressionChoice::Fixed(ResultCodec::None) => (vec![1.0], ResultCodec::None),
-        CompressionChoice::Fixed(codec) => (vec![COMPRESSED_RESULT_RATIO], codec),
+        CompressionChoice::Auto => ResultCodec::ALL.into_iter().map(encoding).collect(),
+        CompressionChoice::Fixed(codec) => vec![encoding(codec)],
+    }
+}
+
+/// How the results of a stage producing `schema` compress: each column's
+/// ratios as its partitions' descriptors record them (assumed where they
+/// do not), weighted by the column's Arrow width.
+fn result_ratios(schema: &Schema, shares: &[DeviceShare]) -> IpcCompression {
+    let recorded = |name: &str| {
+        shares
+            .iter()
+            .flat_map(|s| &s.descriptors)
+            .flat_map(|d| &d.fields)
+            .find(|f| f.name == name)
+            .and_then(|f| f.ipc_compression)
+    };
+    let (mut weight, mut lz4, mut zstd) = (0.0, 0.0, 0.0);
+    for field in schema.fields() {
+        let width = field
+            .data_type()
+            .primitive_width()
+            .unwrap_or(VARIABLE_VALUE_BYTES_ASSUMED) as f64;
+        let ratios = recorded(field.name()).unwrap_or(IpcCompression {
+            lz4_ratio: LZ4_RESULT_RATIO_ASSUMED,
+            zstd_ratio: ZSTD_RESULT_RATIO_ASSUMED,
+        });
+        weight += width;
+        lz4 += width * ratios.lz4_ratio;
+        zstd += width * ratios.zstd_ratio;
+    }
+    if weight == 0.0 {
+        return IpcCompression {
+            lz4_ratio: LZ4_RESULT_RATIO_ASSUMED,
+            zstd_ratio: ZSTD_RESULT_RATIO_ASSUMED,
+        };
+    }
+    IpcCompression {
+        lz4_ratio: lz4 / weight,
+        zstd_ratio: zstd / weight,
     }
 }
 
@@ -466,15 +515,9 @@ impl ChoosePlacement {
         };
         let shape = self.shape(scan, &chain)?;
         let machine = self.machine(scan.shares());
-        let (ratios, compressing) = result_encodings(config);
-        let (best, candidates) = insitu_model::choose_encodings(&shape, &machine, &ratios);
-        let choice = Arc::new(PlacementChoice::of(
-            best,
-            candidates,
-            shape,
-            machine,
-            compressing,
-        ));
+        let encodings = result_encodings(config, result_ratios(&scan.schema(), scan.shares()));
+        let (best, candidates) = insitu_model::choose_encodings(&shape, &machine, &encodings);
+        let choice = Arc::new(PlacementChoice::of(best, candidates, shape, machine));
         tracing::debug!(table = chain.leaf().table(), %choice, "placed a device scan");
         let partitions = scan.properties().output_partitioning().partition_count();
         let placed: Arc<dyn ExecutionPlan> = match best.placement {
@@ -504,8 +547,8 @@ impl ChoosePlacement {
         scan: &DeviceScanExec,
         config: &ConfigOptions,
     ) -> Result<Option<Arc<dyn ExecutionPlan>>> {
-        let (ratios, compressing) = result_encodings(config);
-        if ratios.len() < 2 || scan.placement().is_some() {
+        let encodings = result_encodings(config, result_ratios(&scan.schema(), scan.shares()));
+        if encodings.len() < 2 || scan.placement().is_some() {
             return Ok(None);
         }
         let Some(chain) = Chain::of(scan.stage()) else {
@@ -514,8 +557,8 @@ impl ChoosePlacement {
         let shape = self.shape(scan, &chain)?;
         let machine = self.machine(scan.shares());
         let (best, candidates) =
-            insitu_model::choose_encoding(&shape, Placement::Push, &machine, &ratios);
-        let choice = PlacementChoice::of(best, candidates, shape, machine, compressing);
+            insitu_model::choose_encoding(&shape, Placement::Push, &machine, &encodings);
+        let choice = PlacementChoice::of(best, candidates, shape, machine);
         Ok(Some(Arc::new(scan.with_placement(Arc::new(choice)))))
     }
 
@@ -616,6 +659,7 @@ impl ChoosePlacement {
             out_row_bytes: row_bytes(&chain.nodes[0].schema()),
             // Set once an encoding is chosen.
             result_bytes_ratio: 1.0,
+            result_codec: ResultCodec::None,
         })
     }
 
@@ -1085,13 +1129,14 @@ mod tests {
 
     #[test]
     fn a_choice_prints_every_candidate() {
-        let p = |placement, total_secs, result_bytes_ratio| Prediction {
+        let p = |placement, total_secs, result_bytes_ratio, codec| Prediction {
             placement,
             device_secs: 0.0,
             link_secs: 0.0,
             host_secs: 0.0,
             link_bytes: 1e6 * result_bytes_ratio,
             result_bytes_ratio,
+            codec,
             total_secs,
         };
         let host = HostProfile {
@@ -1104,9 +1149,10 @@ mod tests {
             chosen: Placement::Pull,
             codec: ResultCodec::None,
             candidates: vec![
-                p(Placement::Pull, 0.0042, 1.0),
-                p(Placement::Push, 0.25, 1.0),
-                p(Placement::Push, 0.12, 0.4),
+                p(Placement::Pull, 0.0042, 1.0, ResultCodec::None),
+                p(Placement::Push, 0.25, 1.0, ResultCodec::None),
+                p(Placement::Push, 0.12, 0.4, ResultCodec::Lz4Frame),
+                p(Placement::Push, 0.15, 0.3, ResultCodec::Zstd),
             ],
             shape: StageShape {
                 devices: vec![],
@@ -1122,6 +1168,7 @@ mod tests {
                 rows_out: 0,
                 out_row_bytes: 0.0,
                 result_bytes_ratio: 1.0,
+                result_codec: ResultCodec::None,
             },
             machine: Machine {
                 devices: vec![],
@@ -1133,7 +1180,8 @@ mod tests {
         assert_eq!(
             choice.to_string(),
             "placement=pull (predicted pull: 4.20 ms, 1000000 link bytes, \
-             push: 250 ms, 1000000 link bytes, push compressed: 120 ms, 400000 link bytes)"
+             push: 250 ms, 1000000 link bytes, push lz4: 120 ms, 400000 link bytes, \
+             push zstd: 150 ms, 300000 link bytes)"
         );
         assert_eq!(choice.chosen_secs(), 0.0042);
         choice.chosen = Placement::Push;

@@ -31,7 +31,7 @@
 
 use std::fmt;
 
-use insitu_wire::{ComputeRates, DeviceProfile, HostProfile};
+use insitu_wire::{ComputeRates, DeviceProfile, HostProfile, ResultCodec};
 use serde::{Deserialize, Serialize};
 
 /// Where a stage's operators run.
@@ -101,6 +101,33 @@ pub struct StageShape {
     pub out_row_bytes: f64,
     /// Link bytes per Arrow byte of device results (1 uncompressed).
     pub result_bytes_ratio: f64,
+    /// How the devices compress their results, at `result_bytes_ratio`.
+    #[serde(default)]
+    pub result_codec: ResultCodec,
+}
+
+/// One way a pushed stage's results may travel: a codec and the link
+/// bytes it leaves per Arrow byte (1 for plain results).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct ResultEncoding {
+    pub codec: ResultCodec,
+    pub bytes_ratio: f64,
+}
+
+impl ResultEncoding {
+    pub const PLAIN: Self = Self {
+        codec: ResultCodec::None,
+        bytes_ratio: 1.0,
+    };
+
+    /// Arrow bytes per second one device thread compresses under it.
+    fn compress_bytes_per_sec(self, r: &ComputeRates) -> f64 {
+        match self.codec {
+            ResultCodec::None => f64::INFINITY,
+            ResultCodec::Lz4Frame => r.lz4_compress_bytes_per_sec,
+            ResultCodec::Zstd => r.zstd_compress_bytes_per_sec,
+        }
+    }
 }
 
 impl StageShape {
@@ -162,6 +189,23 @@ impl StageShape {
         out.rows_out = out.kept(out.rows_in()).round() as u64;
         out.out_row_bytes = out.scan_row_bytes;
         out
+    }
+
+    /// How the devices' results travel.
+    pub fn result_encoding(&self) -> ResultEncoding {
+        ResultEncoding {
+            codec: self.result_codec,
+            bytes_ratio: self.result_bytes_ratio,
+        }
+    }
+
+    /// The same stage with its results travelling under `encoding`.
+    pub fn with_encoding(&self, encoding: ResultEncoding) -> Self {
+        Self {
+            result_bytes_ratio: encoding.bytes_ratio,
+            result_codec: encoding.codec,
+            ..self.clone()
+        }
     }
 
     /// Rows the scan part keeps, of `rows` scanned.
@@ -250,6 +294,9 @@ pub struct Prediction {
     /// compressed (pull ships stored pages: 1).
     #[serde(default = "plain_ratio")]
     pub result_bytes_ratio: f64,
+    /// The codec of the devices' results (pull: none).
+    #[serde(default)]
+    pub codec: ResultCodec,
     /// The stage's time: its slowest pipelined step (pushed) or its
     /// transfer plus the host's compute (pulled), or the shared cores' CPU
     /// seconds, whichever is longer.
@@ -263,7 +310,7 @@ fn plain_ratio() -> f64 {
 impl Prediction {
     /// Whether the devices compress this candidate's results.
     pub fn compressed(&self) -> bool {
-        self.placement != Placement::Pull && self.result_bytes_ratio < 1.0
+        self.placement != Placement::Pull && self.codec != ResultCodec::None
     }
 }
 
@@ -323,9 +370,10 @@ pub fn predict(shape: &StageShape, placement: Placement, machine: &Machine) -> P
                 let arrow = shape.result_bytes(input.rows, placement);
                 let mut cpu = shape.scan_cpu_secs(input, &profile.rates)
                     + arrow / profile.rates.ipc_encode_bytes_per_sec;
-                if shape.result_bytes_ratio < 1.0 {
-                    cpu += arrow / profile.rates.lz4_compress_bytes_per_sec;
-                }
+                cpu += arrow
+                    / shape
+                        .result_encoding()
+                        .compress_bytes_per_sec(&profile.rates);
                 if placement == Placement::Push {
                     cpu += shape.upper_cpu_secs(input.rows, &profile.rates);
                 } else {
@@ -364,6 +412,10 @@ pub fn predict(shape: &StageShape, placement: Placement, machine: &Machine) -> P
         result_bytes_ratio: match placement {
             Placement::Pull => 1.0,
             _ => shape.result_bytes_ratio,
+        },
+        codec: match placement {
+            Placement::Pull => ResultCodec::None,
+            _ => shape.result_codec,
         },
         total_secs,
     }
@@ -417,26 +469,21 @@ pub const PULL_MARGIN: f64 = 1.25;
 /// than pull would (a stage never sends more than the pages it replaces),
 /// unless pull beats it by [`PULL_MARGIN`].
 pub fn choose(shape: &StageShape, machine: &Machine) -> (Prediction, Vec<Prediction>) {
-    choose_encodings(shape, machine, &[shape.result_bytes_ratio])
+    choose_encodings(shape, machine, &[shape.result_encoding()])
 }
 
 /// [`choose`], with every push priced once per result encoding in
-/// `result_ratios` (link bytes per Arrow byte of results: 1 plain, less
-/// compressed), so that compressing is chosen where it pays: it costs
+/// `encodings`, so that compressing is chosen where it pays: it costs
 /// the devices CPU time and saves link time and bytes.
 pub fn choose_encodings(
     shape: &StageShape,
     machine: &Machine,
-    result_ratios: &[f64],
+    encodings: &[ResultEncoding],
 ) -> (Prediction, Vec<Prediction>) {
     let mut all = vec![predict(shape, Placement::Pull, machine)];
     for placement in candidates(shape).into_iter().skip(1) {
-        for &ratio in result_ratios {
-            let encoded = StageShape {
-                result_bytes_ratio: ratio,
-                ..shape.clone()
-            };
-            all.push(predict(&encoded, placement, machine));
+        for &encoding in encodings {
+            all.push(predict(&shape.with_encoding(encoding), placement, machine));
         }
     }
     let pull = all[0];
@@ -453,24 +500,20 @@ pub fn choose_encodings(
 }
 
 /// The encoding of a stage's results under a placement the user fixed
-/// (`--pushdown on`), priced once per ratio in `result_ratios`: the
+/// (`--pushdown on`), priced once per encoding in `encodings`: the
 /// fastest that moves no more link bytes than pull would, else the one
 /// that moves the fewest. Pull's prediction comes first in the list.
 pub fn choose_encoding(
     shape: &StageShape,
     placement: Placement,
     machine: &Machine,
-    result_ratios: &[f64],
+    encodings: &[ResultEncoding],
 ) -> (Prediction, Vec<Prediction>) {
-    assert!(!result_ratios.is_empty(), "at least one encoding");
+    assert!(!encodings.is_empty(), "at least one encoding");
     let pull = predict(shape, Placement::Pull, machine);
     let mut all = vec![pull];
-    for &ratio in result_ratios {
-        let encoded = StageShape {
-            result_bytes_ratio: ratio,
-            ..shape.clone()
-        };
-        all.push(predict(&encoded, placement, machine));
+    for &encoding in encodings {
+        all.push(predict(&shape.with_encoding(encoding), placement, machine));
     }
     let encodings = all[1..].iter().copied();
     let best = encodings
@@ -501,6 +544,7 @@ mod tests {
             ipc_encode_bytes_per_sec: 1e9,
             ipc_decode_bytes_per_sec: 2e9,
             lz4_compress_bytes_per_sec: 500e6,
+            zstd_compress_bytes_per_sec: 100e6,
             stages_started_per_sec: 1e3,
         }
     }
@@ -551,6 +595,14 @@ mod tests {
             rows_out: (200e6 * selectivity) as u64,
             out_row_bytes: 8.0,
             result_bytes_ratio: 1.0,
+            result_codec: ResultCodec::None,
+        }
+    }
+
+    fn lz4(bytes_ratio: f64) -> ResultEncoding {
+        ResultEncoding {
+            codec: ResultCodec::Lz4Frame,
+            bytes_ratio,
         }
     }
 
@@ -601,7 +653,7 @@ mod tests {
 
     #[test]
     fn results_are_compressed_where_the_link_pays_for_it() {
-        let encodings = [1.0, 0.25];
+        let encodings = [ResultEncoding::PLAIN, lz4(0.25)];
         // 100 MB/s, half the rows kept: plain push ships 800 MB, twice
         // pull's pages; compressed, 200 MB in 3.2 s against pull's 6 s.
         let (best, all) = choose_encodings(&scan(0.5), &machine(2, Some(100e6), None), &encodings);
@@ -618,7 +670,7 @@ mod tests {
 
     #[test]
     fn a_fixed_push_compresses_when_plain_results_outweigh_the_pages() {
-        let encodings = [1.0, 0.25];
+        let encodings = [ResultEncoding::PLAIN, lz4(0.25)];
         // No link limit: plain is faster, but ships 800 MB against
         // pull's 400 MB.
         let m = machine(2, None, None);
@@ -629,8 +681,27 @@ mod tests {
         let (best, all) = choose_encoding(&scan(0.1), Placement::Push, &m, &encodings);
         assert!(!best.compressed(), "{all:?}");
         // Only plain allowed: plain, whatever it ships.
-        let (best, _) = choose_encoding(&scan(0.5), Placement::Push, &m, &[1.0]);
+        let (best, _) = choose_encoding(&scan(0.5), Placement::Push, &m, &[ResultEncoding::PLAIN]);
         assert!(!best.compressed());
+    }
+
+    #[test]
+    fn the_slower_codec_pays_on_a_slow_link() {
+        let zstd = ResultEncoding {
+            codec: ResultCodec::Zstd,
+            bytes_ratio: 0.125,
+        };
+        let encodings = [ResultEncoding::PLAIN, lz4(0.25), zstd];
+        // Half kept, 800 MB of results over 2 devices. At 10 MB/s: LZ4
+        // 200 MB in 20 s, Zstd 100 MB in 10 s (its 4 s of CPU hide).
+        let (best, _) = choose_encodings(&scan(0.5), &machine(2, Some(10e6), None), &encodings);
+        assert_eq!(best.codec, ResultCodec::Zstd, "{best:?}");
+        assert!(close(best.link_secs, 10.0), "{best:?}");
+        // At 1 GB/s the link is no bottleneck; Zstd's 4 s per device
+        // (400 MB at 100 MB/s) lose to LZ4's 0.8 s.
+        let m = machine(2, Some(1e9), None);
+        let (best, _) = choose_encoding(&scan(0.5), Placement::Push, &m, &encodings);
+        assert_eq!(best.codec, ResultCodec::Lz4Frame, "{best:?}");
     }
 
     #[test]
@@ -722,8 +793,7 @@ mod tests {
 
     #[test]
     fn compressed_results_cost_device_time_and_save_link_bytes() {
-        let mut shape = scan(0.5);
-        shape.result_bytes_ratio = 0.25;
+        let shape = scan(0.5).with_encoding(lz4(0.25));
         let p = predict(&shape, Placement::Push, &machine(2, Some(100e6), None));
         // 400 MB per device: +0.8 s of LZ4, a quarter of the bytes on the link.
         assert!(close(p.device_secs, 3.2), "{p:?}");

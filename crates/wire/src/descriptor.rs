@@ -49,6 +49,18 @@ pub struct FieldFormat {
     /// device with another byte order can tell.
     pub byte_order: String,
     pub encodings: Vec<Encoding>,
+    /// How well this column's values compress as Arrow IPC, measured on
+    /// a sample when the file was written; absent in older descriptors.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ipc_compression: Option<IpcCompression>,
+}
+
+/// Arrow IPC body bytes per plain body byte of one column's sample, per
+/// codec: what a device's compressed results of it would weigh.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct IpcCompression {
+    pub lz4_ratio: f64,
+    pub zstd_ratio: f64,
 }
 
 /// Min/max of one column in one row group, rendered as strings so that the

@@ -15,8 +15,8 @@ pub mod protocol;
 pub mod units;
 
 pub use descriptor::{
-    ColumnStats, Encoding, FieldFormat, FormatDescriptor, HybridBlock, HybridLayout, LayoutKind,
-    RowGroupStats, RowSlot, Section, DESCRIPTOR_VERSION,
+    ColumnStats, Encoding, FieldFormat, FormatDescriptor, HybridBlock, HybridLayout,
+    IpcCompression, LayoutKind, RowGroupStats, RowSlot, Section, DESCRIPTOR_VERSION,
 };
 pub use envelope::{
     ResultCodec, StagePlanEnvelope, ENVELOPE_MAGIC, ENVELOPE_VERSION, PLAN_BYTES_MAX,

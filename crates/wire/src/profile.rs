@@ -12,7 +12,7 @@ use serde::{Deserialize, Serialize};
 use crate::{WireError, WireResult};
 
 /// Version of the profile format; a file of another version is measured again.
-pub const PROFILE_VERSION: u32 = 3;
+pub const PROFILE_VERSION: u32 = 4;
 
 /// File name of a device's profile inside its directory.
 pub const DEVICE_PROFILE_FILE: &str = "profile.json";
@@ -54,13 +54,15 @@ pub struct ComputeRates {
     pub ipc_decode_bytes_per_sec: f64,
     /// Arrow bytes compressed with LZ4 frame, per second.
     pub lz4_compress_bytes_per_sec: f64,
+    /// Arrow bytes compressed with Zstandard (arrow-ipc's level), per second.
+    pub zstd_compress_bytes_per_sec: f64,
     /// Stages started per second: planning a stage and opening its file,
     /// what a stage costs before its first row.
     pub stages_started_per_sec: f64,
 }
 
 impl ComputeRates {
-    fn named(&self) -> [(&'static str, f64); 12] {
+    fn named(&self) -> [(&'static str, f64); 13] {
         [
             (
                 "decode_fixed_values_per_sec",
@@ -90,6 +92,10 @@ impl ComputeRates {
             (
                 "lz4_compress_bytes_per_sec",
                 self.lz4_compress_bytes_per_sec,
+            ),
+            (
+                "zstd_compress_bytes_per_sec",
+                self.zstd_compress_bytes_per_sec,
             ),
             ("stages_started_per_sec", self.stages_started_per_sec),
         ]
@@ -212,6 +218,7 @@ mod tests {
             ipc_encode_bytes_per_sec: 4e9,
             ipc_decode_bytes_per_sec: 8e9,
             lz4_compress_bytes_per_sec: 1e9,
+            zstd_compress_bytes_per_sec: 3e8,
             stages_started_per_sec: 1e3,
         }
     }

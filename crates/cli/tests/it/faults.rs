@@ -423,6 +423,11 @@ async fn dropping_a_result_stream_cancels_the_device_stage() {
         ..Default::default()
     };
     let host = InsituHost::new(clients.clone(), config).await.unwrap();
+    // Compressed, the results would fit the windows after all.
+    host.context()
+        .sql("SET insitu.result_compression = 'none'")
+        .await
+        .unwrap();
     let df = host.context().sql("select x * 2 from t").await.unwrap();
     let mut stream = df.execute_stream().await.unwrap();
     let first = stream.next().await.expect("a batch").unwrap();

@@ -114,7 +114,8 @@ async fn auto_pulls_a_scan_keeping_every_row_and_pushes_a_selective_one() {
     // EXPLAIN weighs plain results against compressed ones; one row of
     // result gains nothing from compressing.
     assert!(text.contains("placement=push (predicted pull: "), "{text}");
-    assert!(text.contains(", push compressed: "), "{text}");
+    assert!(text.contains(", push lz4: "), "{text}");
+    assert!(text.contains(", push zstd: "), "{text}");
     assert!(!text.contains("PlacementExec"), "{text}");
     for sql in [every_row, selective] {
         let a = auto.sql(sql).await.expect("auto");
