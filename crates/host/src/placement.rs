@@ -462,14 +462,17 @@ fn result_encodings(config: &ConfigOptions, ratios: IpcCompression) -> Vec<Resul
     }
 }
 
+fn descriptors(scan: &DeviceScanExec) -> Vec<&FormatDescriptor> {
+    scan.shares().iter().flat_map(|s| &s.descriptors).collect()
+}
+
 /// How the results of a stage producing `schema` compress: each column's
 /// ratios as its partitions' descriptors record them (assumed where they
 /// do not), weighted by the column's Arrow width.
-fn result_ratios(schema: &Schema, shares: &[DeviceShare]) -> IpcCompression {
+fn result_ratios(schema: &Schema, descriptors: &[&FormatDescriptor]) -> IpcCompression {
     let recorded = |name: &str| {
-        shares
+        descriptors
             .iter()
-            .flat_map(|s| &s.descriptors)
             .flat_map(|d| &d.fields)
             .find(|f| f.name == name)
             .and_then(|f| f.ipc_compression)
@@ -515,7 +518,7 @@ impl ChoosePlacement {
         };
         let shape = self.shape(scan, &chain)?;
         let machine = self.machine(scan.shares());
-        let encodings = result_encodings(config, result_ratios(&scan.schema(), scan.shares()));
+        let encodings = result_encodings(config, result_ratios(&scan.schema(), &descriptors(scan)));
         let (best, candidates) = insitu_model::choose_encodings(&shape, &machine, &encodings);
         let choice = Arc::new(PlacementChoice::of(best, candidates, shape, machine));
         tracing::debug!(table = chain.leaf().table(), %choice, "placed a device scan");
@@ -547,7 +550,7 @@ impl ChoosePlacement {
         scan: &DeviceScanExec,
         config: &ConfigOptions,
     ) -> Result<Option<Arc<dyn ExecutionPlan>>> {
-        let encodings = result_encodings(config, result_ratios(&scan.schema(), scan.shares()));
+        let encodings = result_encodings(config, result_ratios(&scan.schema(), &descriptors(scan)));
         if encodings.len() < 2 || scan.placement().is_some() {
             return Ok(None);
         }
@@ -1091,6 +1094,33 @@ mod tests {
 
     fn stored(d: &FormatDescriptor, names: &[&str], pruning: Option<&PruningPredicate>) -> u64 {
         scanned(d, names, &schema(), pruning).stored_bytes
+    }
+
+    #[test]
+    fn results_compress_as_their_columns_recorded_weighted_by_width() {
+        let mut d = descriptor(true);
+        let field = |name: &str, lz4_ratio| insitu_wire::FieldFormat {
+            name: name.into(),
+            arrow_type: "Int64".into(),
+            width_bytes: Some(8),
+            nullable: false,
+            byte_order: "little".into(),
+            encodings: vec![],
+            ipc_compression: Some(IpcCompression {
+                lz4_ratio,
+                zstd_ratio: lz4_ratio / 2.0,
+            }),
+        };
+        d.fields = vec![field("a", 0.2)];
+        // a: 8 bytes at 0.2; s: 32 bytes, nothing recorded, assumed 0.4.
+        let r = result_ratios(&schema(), &[&d]);
+        let lz4 = (8.0 * 0.2 + 32.0 * LZ4_RESULT_RATIO_ASSUMED) / 40.0;
+        let zstd = (8.0 * 0.1 + 32.0 * ZSTD_RESULT_RATIO_ASSUMED) / 40.0;
+        assert!((r.lz4_ratio - lz4).abs() < 1e-12, "{r:?}");
+        assert!((r.zstd_ratio - zstd).abs() < 1e-12, "{r:?}");
+        d.fields.push(field("s", 0.5));
+        let r = result_ratios(&schema(), &[&d]);
+        assert!((r.lz4_ratio - (8.0 * 0.2 + 32.0 * 0.5) / 40.0).abs() < 1e-12);
     }
 
     #[test]
