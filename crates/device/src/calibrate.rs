@@ -31,7 +31,6 @@ use arrow::array::{ArrayRef, Int64Array, RecordBatch, StringArray};
 use arrow::compute::kernels::cmp::lt;
 use arrow::compute::{filter_record_batch, sort_to_indices, take};
 use arrow::datatypes::{DataType, Field, Schema};
-use arrow_ipc::writer::{IpcWriteOptions, StreamWriter};
 use arrow_ipc::CompressionType;
 use bytes::Bytes;
 use insitu_wire::{
@@ -508,16 +507,7 @@ fn parquet_bytes(batch: &RecordBatch) -> (Bytes, Vec<u64>) {
 }
 
 fn ipc_bytes(batch: &RecordBatch, codec: Option<CompressionType>) -> Vec<u8> {
-    let options = IpcWriteOptions::default()
-        .try_with_compression(codec)
-        .expect("ipc options");
-    let mut out = vec![];
-    let mut writer =
-        StreamWriter::try_new_with_options(&mut out, &batch.schema(), options).expect("ipc");
-    writer.write(batch).expect("ipc write");
-    writer.finish().expect("ipc finish");
-    drop(writer);
-    out
+    insitu_format::compressibility::ipc_stream(batch, codec).expect("ipc")
 }
 
 #[cfg(test)]

@@ -10,11 +10,10 @@
 
 use arrow::array::RecordBatch;
 use arrow::compute::concat_batches;
-use arrow::datatypes::{Field, Schema, SchemaRef};
+use arrow::datatypes::SchemaRef;
 use arrow_ipc::writer::{IpcWriteOptions, StreamWriter};
 use arrow_ipc::CompressionType;
 use insitu_wire::IpcCompression;
-use std::sync::Arc;
 
 /// Rows sampled per partition: enough that IPC headers weigh nothing
 /// against the values, few enough to compress in a millisecond.
@@ -65,41 +64,35 @@ pub fn column_compression(batch: &RecordBatch, i: usize) -> Option<IpcCompressio
     if batch.num_rows() == 0 {
         return None;
     }
-    let field = batch.schema().field(i).clone();
-    let column = RecordBatch::try_new(
-        Arc::new(Schema::new(vec![Field::new(
-            field.name(),
-            field.data_type().clone(),
-            field.is_nullable(),
-        )])),
-        vec![Arc::clone(batch.column(i))],
-    )
-    .ok()?;
-    let plain = ipc_len(&column, None)? as f64;
-    let ratio = |codec| Some((ipc_len(&column, Some(codec))? as f64 / plain).min(1.0));
+    let column = batch.project(&[i]).ok()?;
+    let len = |codec| Some(ipc_stream(&column, codec).ok()?.len() as f64);
+    let plain = len(None)?;
+    let ratio = |codec| Some((len(Some(codec))? / plain).min(1.0));
     Some(IpcCompression {
         lz4_ratio: ratio(CompressionType::LZ4_FRAME)?,
         zstd_ratio: ratio(CompressionType::ZSTD)?,
     })
 }
 
-/// Bytes of `batch` as an Arrow IPC stream under `codec`.
-fn ipc_len(batch: &RecordBatch, codec: Option<CompressionType>) -> Option<usize> {
-    let options = IpcWriteOptions::default()
-        .try_with_compression(codec)
-        .ok()?;
+/// `batch` as an Arrow IPC stream with its bodies under `codec`.
+pub fn ipc_stream(
+    batch: &RecordBatch,
+    codec: Option<CompressionType>,
+) -> Result<Vec<u8>, arrow::error::ArrowError> {
+    let options = IpcWriteOptions::default().try_with_compression(codec)?;
     let mut out = vec![];
-    let mut writer = StreamWriter::try_new_with_options(&mut out, &batch.schema(), options).ok()?;
-    writer.write(batch).ok()?;
-    writer.finish().ok()?;
+    let mut writer = StreamWriter::try_new_with_options(&mut out, &batch.schema(), options)?;
+    writer.write(batch)?;
+    writer.finish()?;
     drop(writer);
-    Some(out.len())
+    Ok(out)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use arrow::array::{Int64Array, StringArray};
+    use std::sync::Arc;
 
     fn batch(rows: usize) -> RecordBatch {
         // Repetitive keys compress; pseudo-random strings hardly do.

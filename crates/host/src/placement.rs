@@ -443,11 +443,6 @@ impl Chain {
 /// per scan, a fixed codec is the only one. `ratios` are the stage's
 /// results' bytes per codec ([`result_ratios`]).
 fn result_encodings(config: &ConfigOptions, ratios: IpcCompression) -> Vec<ResultEncoding> {
-    let choice = config
-        .extensions
-        .get::<InsituOptions>()
-        .map(|o| o.result_compression)
-        .unwrap_or_default();
     let encoding = |codec| ResultEncoding {
         codec,
         bytes_ratio: match codec {
@@ -456,10 +451,23 @@ fn result_encodings(config: &ConfigOptions, ratios: IpcCompression) -> Vec<Resul
             ResultCodec::Zstd => ratios.zstd_ratio,
         },
     };
-    match choice {
+    match compression_choice(config) {
         CompressionChoice::Auto => ResultCodec::ALL.into_iter().map(encoding).collect(),
         CompressionChoice::Fixed(codec) => vec![encoding(codec)],
     }
+}
+
+fn compression_choice(config: &ConfigOptions) -> CompressionChoice {
+    config
+        .extensions
+        .get::<InsituOptions>()
+        .map(|o| o.result_compression)
+        .unwrap_or_default()
+}
+
+/// Whether the session leaves the results' codec to the model.
+fn chooses_codec(config: &ConfigOptions) -> bool {
+    compression_choice(config) == CompressionChoice::Auto
 }
 
 fn descriptors(scan: &DeviceScanExec) -> Vec<&FormatDescriptor> {
@@ -550,10 +558,10 @@ impl ChoosePlacement {
         scan: &DeviceScanExec,
         config: &ConfigOptions,
     ) -> Result<Option<Arc<dyn ExecutionPlan>>> {
-        let encodings = result_encodings(config, result_ratios(&scan.schema(), &descriptors(scan)));
-        if encodings.len() < 2 || scan.placement().is_some() {
+        if !chooses_codec(config) || scan.placement().is_some() {
             return Ok(None);
         }
+        let encodings = result_encodings(config, result_ratios(&scan.schema(), &descriptors(scan)));
         let Some(chain) = Chain::of(scan.stage()) else {
             return Ok(None);
         };
