@@ -7,8 +7,10 @@
 # competitors).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/insitu-target}"
+export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$PWD/target}"
 cargo fmt --all -- --check
+# The crate graph's layers: the host never depends on a device crate.
+scripts/check_layers.sh
 cargo clippy --release --workspace --all-targets -- -D warnings
 # Doc links that do not resolve (or name private items) fail like lints.
 RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --quiet

@@ -792,7 +792,7 @@ pub async fn sql(a: SqlBenchArgs) -> Result<(), String> {
         median_secs: sorted[sorted.len() / 2],
         runs_secs: runs,
         link_bytes_to_host: last.link_bytes_to_host,
-        peak_rss_bytes: insitu_extsort::io::peak_rss_bytes(),
+        peak_rss_bytes: insitu_extsort::rss::peak_rss_bytes(),
         budgets_bytes: host.memory().budget() as u64 + embedded_budgets(&host),
         memory: last.memory_summary(),
         placements: last.placements.clone(),

@@ -8,7 +8,7 @@
 use std::path::PathBuf;
 
 use clap::Args;
-use insitu_device::calibrate::{
+use insitu_calibrate::{
     device_profile_path, host_profile_path, measure_device_profile, measure_host_profile, save,
 };
 use insitu_device::root::{device_count, device_dir};

@@ -5,11 +5,11 @@ mod bench;
 mod calibrate;
 mod demo;
 mod output;
-mod records;
 mod server;
 mod session;
 mod simulate;
 mod sortjob;
+mod terasort;
 mod tpch_queries;
 mod units;
 
@@ -45,13 +45,13 @@ enum Command {
     /// devices: reading it in partition order is globally sorted.
     Sort(sortjob::SortArgs),
     /// Write TeraSort records (100 bytes, 10-byte keys; gensort's format).
-    Gensort(records::GensortArgs),
+    Gensort(terasort::GensortArgs),
     /// Check a file of records for order; print its record count,
     /// duplicate keys and checksum (sum of CRC32s, as valsort does).
-    Valsort(records::ValsortArgs),
+    Valsort(terasort::ValsortArgs),
     /// Sort a file of fixed-size records larger than memory (two-phase
     /// external merge sort; run size and fan-in from paper 001's model).
-    Extsort(records::ExtsortArgs),
+    Extsort(terasort::ExtsortArgs),
     /// Build TPC-H SF1 on 4 devices (once) and compare pushdown, pull and
     /// the cost model's choice.
     Demo(DemoArgs),
@@ -352,9 +352,9 @@ async fn run(cli: Cli) -> Result<(), String> {
             }
         }
         Command::Sort(a) => sortjob::run(a).await,
-        Command::Gensort(a) => session::blocking(move || records::gensort(a)).await,
-        Command::Valsort(a) => session::blocking(move || records::valsort(a)).await,
-        Command::Extsort(a) => session::blocking(move || records::extsort(a)).await,
+        Command::Gensort(a) => session::blocking(move || terasort::gensort(a)).await,
+        Command::Valsort(a) => session::blocking(move || terasort::valsort(a)).await,
+        Command::Extsort(a) => session::blocking(move || terasort::extsort(a)).await,
         Command::Demo(a) => demo::run(a).await,
         Command::Calibrate(a) => calibrate::run(a).await,
         Command::Simulate(a) => simulate::run(a),

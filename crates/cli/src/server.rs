@@ -242,7 +242,7 @@ fn is_device_server(pid: u32) -> bool {
     let serving = args
         .windows(2)
         .any(|w| w[0] == b"device" && w[1] == b"serve");
-    serving && insitu_extsort::io::process_runs(pid)
+    serving && insitu_extsort::files::process_runs(pid)
 }
 
 fn log_tail(path: &Path) -> String {

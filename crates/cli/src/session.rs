@@ -7,9 +7,10 @@ use std::sync::Arc;
 use indicatif::{ProgressBar, ProgressStyle};
 use insitu_device::root::{create_root, device_count, open_root, root_settings, DeviceBudget};
 use insitu_device::Device;
+use insitu_device::{embedded, embedded_clients};
 use insitu_flight::{ClusterFile, FlightDeviceClient};
 use insitu_host::budget::{machine_memory_bytes, plan_budgets, BudgetRequest, Budgets};
-use insitu_host::{embedded_clients, DeviceClient, HostConfig, InsituHost, Pushdown, QueryStats};
+use insitu_host::{DeviceClient, HostConfig, InsituHost, Pushdown, QueryStats};
 use insitu_ingest::{
     gen_tpch as ingest_tpch, load_files, LayoutChoice, LoadOptions, PartitionSink, TpchOptions,
     TPCH_TABLES,
@@ -159,7 +160,7 @@ pub fn gen_tpch_into(
     gen: &GenTpch,
 ) -> Result<Vec<Arc<Device>>, String> {
     let devs = create_root(root, gen.devices, budget).map_err(|e| e.to_string())?;
-    gen_tpch_onto(&devs, gen)?;
+    gen_tpch_onto(&embedded(devs.clone(), LinkProfile::UNLIMITED), gen)?;
     Ok(devs)
 }
 
@@ -213,7 +214,12 @@ pub async fn load(
         let (root, budget) = (args.root.clone(), budget_for(args, devices)?);
         blocking(move || {
             let devs = create_root(&root, devices, &budget).map_err(|e| e.to_string())?;
-            load_onto(&devs, &table, &options, &files)
+            load_onto(
+                &embedded(devs, LinkProfile::UNLIMITED),
+                &table,
+                &options,
+                &files,
+            )
         })
         .await?
     };
@@ -301,6 +307,8 @@ pub struct HostMemorySettings {
     /// The host's profile kept in the root (embedded devices); measured
     /// when the session starts otherwise.
     pub host_profile: Option<insitu_wire::HostProfile>,
+    /// Where the profile is kept, to save what the session measures.
+    pub host_profile_path: Option<PathBuf>,
 }
 
 impl HostMemorySettings {
@@ -315,10 +323,8 @@ impl HostMemorySettings {
             Target::Embedded(devices) => Ok(Self {
                 mem_bytes_max: plan_memory(args, devices.len() as u32, 0)?.host,
                 spill_root: args.root.join(insitu_device::root::HOST_SPILL_DIR),
-                host_profile: Some(insitu_device::calibrate::host_profile(
-                    &args.root,
-                    host_threads(),
-                )?),
+                host_profile: Some(insitu_calibrate::host_profile(&args.root, host_threads())?),
+                host_profile_path: Some(insitu_calibrate::host_profile_path(&args.root)),
             }),
             Target::Cluster(path) => {
                 let file = ClusterFile::load(path).map_err(|e| e.to_string())?;
@@ -335,6 +341,7 @@ impl HostMemorySettings {
                     mem_bytes_max: plan_memory(args, 0, local)?.host,
                     spill_root: file.host_spill_root(path),
                     host_profile: None,
+                    host_profile_path: None,
                 })
             }
         }
@@ -380,6 +387,7 @@ pub async fn host_with(
         pushdown,
         mem_bytes_max: memory.mem_bytes_max,
         profile: memory.host_profile.clone(),
+        profile_path: memory.host_profile_path.clone(),
         spill_root: memory.spill_root.clone(),
         ..Default::default()
     };

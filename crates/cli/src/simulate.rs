@@ -60,6 +60,8 @@ fn smartssd(m: &Machine, n: usize) -> Machine {
     let mut out = m.with_devices(n, Some(&device));
     out.link_bytes_per_sec = Some(SMARTSSD_LINK_BYTES_PER_SEC);
     out.shared_cores = None;
+    // Starts measured here say nothing of another machine's.
+    out.starts = None;
     out
 }
 

@@ -28,6 +28,7 @@ use insitu_format::WriterOptions;
 use insitu_host::DeviceClient;
 use insitu_ingest::PartitionSink;
 use insitu_kernels::{argsort_columns, Parallelism};
+use insitu_link::LinkProfile;
 use insitu_wire::{SampleKeysRequest, SortKey, SortTableRequest};
 
 use crate::session::{connect_cluster, Target};
@@ -72,34 +73,36 @@ struct JobDevice {
     sink: Arc<dyn PartitionSink>,
 }
 
-pub async fn run(a: SortArgs) -> Result<(), String> {
-    check_name(&a.into)?;
-    let target = Target::of(&a.device)?;
-    let clients = target.clients(None).await?;
-    let sinks: Vec<Arc<dyn PartitionSink>> = match &target {
-        Target::Embedded(devices) => devices
-            .iter()
-            .map(|d| Arc::clone(d) as Arc<dyn PartitionSink>)
-            .collect(),
+/// The devices of `target`, each one client that both reads and writes,
+/// so the shuffle's bytes cross its link both ways, embedded as over Flight.
+async fn job_devices(target: &Target) -> Result<Vec<JobDevice>, String> {
+    fn both<C: DeviceClient + PartitionSink + 'static>(c: Arc<C>) -> JobDevice {
+        JobDevice {
+            client: Arc::clone(&c) as _,
+            sink: c as _,
+        }
+    }
+    Ok(match target {
+        Target::Embedded(devices) => {
+            insitu_device::embedded(devices.clone(), LinkProfile::UNLIMITED)
+                .into_iter()
+                .map(both)
+                .collect()
+        }
         Target::Cluster(path) => connect_cluster(path, None)
             .await?
             .into_iter()
-            .map(|c| c as Arc<dyn PartitionSink>)
+            .map(both)
             .collect(),
-    };
-    let devices: Vec<JobDevice> = clients
-        .iter()
-        .map(|client| {
-            let sink = sinks
-                .iter()
-                .find(|s| s.device_id() == client.id())
-                .ok_or_else(|| format!("no writer for {}", client.name()))?;
-            Ok(JobDevice {
-                client: Arc::clone(client),
-                sink: Arc::clone(sink),
-            })
-        })
-        .collect::<Result<_, String>>()?;
+    })
+}
+
+pub async fn run(a: SortArgs) -> Result<(), String> {
+    check_name(&a.into)?;
+    let target = Target::of(&a.device)?;
+    let devices = job_devices(&target).await?;
+    let clients: Vec<Arc<dyn DeviceClient>> =
+        devices.iter().map(|d| Arc::clone(&d.client)).collect();
     let memory = crate::session::HostMemorySettings::of(&a.device, &target, &clients)?;
     let host = crate::session::host_with(clients, insitu_host::Pushdown::On, &memory).await?;
     let info = host

@@ -39,7 +39,7 @@ use datafusion::physical_plan::{
 };
 use insitu_format::hybrid::decode_key_block;
 use insitu_kernels::{argsort_columns, gather, gather_rows, Parallelism};
-use insitu_stage::hybrid::{read_ranges, HybridProjection, RowBytes};
+use insitu_stage::hybrid_scan::{read_ranges, HybridProjection, RowBytes};
 use insitu_stage::{HybridFile, HybridScanExec};
 use insitu_wire::{HybridLayout, RowSlot};
 use object_store::ObjectStore;

@@ -6,10 +6,11 @@ use arrow::array::{Array, ArrayData, ArrayRef, AsArray};
 use arrow::buffer::Buffer;
 use arrow::datatypes::{DataType, SchemaRef};
 use arrow::error::ArrowError;
-use arrow::ipc::writer::{IpcWriteOptions, StreamEncoder, StreamWriter};
+use arrow::ipc::writer::{IpcWriteOptions, StreamEncoder};
 use arrow::ipc::CompressionType;
 use arrow::record_batch::RecordBatch;
 use bytes::Bytes;
+use insitu_client::IPC_CONTINUATION;
 use insitu_kernels::arena::ChunkArena;
 use insitu_kernels::mem::{pooled_buffer, take_vec};
 use insitu_kernels::shrink_views;
@@ -259,9 +260,6 @@ impl BodyLayout {
     }
 }
 
-/// Marks a message prefix in the IPC stream format.
-pub const IPC_CONTINUATION: u32 = 0xFFFF_FFFF;
-
 /// An Arrow buffer as the owner of a `Bytes`.
 pub(crate) struct BufferBytes(pub(crate) Buffer);
 
@@ -306,27 +304,12 @@ fn whole_in_arena(array: &ArrayRef) -> bool {
     !views.is_empty() && ChunkArena::containing(views.as_ptr()).is_some_and(|a| a.is_region(views))
 }
 
-/// One batch as a complete Arrow IPC stream (small answers: key samples).
-pub fn batch_to_ipc(batch: &RecordBatch) -> Result<Vec<u8>, ArrowError> {
-    let mut writer = StreamWriter::try_new(Vec::new(), &batch.schema())?;
-    writer.write(batch)?;
-    writer.finish()?;
-    writer.into_inner()
-}
-
-/// The batches of an Arrow IPC stream, concatenated into one.
-pub fn ipc_to_batch(bytes: &[u8]) -> Result<RecordBatch, ArrowError> {
-    let reader = arrow::ipc::reader::StreamReader::try_new(std::io::Cursor::new(bytes), None)?;
-    let schema = reader.schema();
-    let batches = reader.collect::<Result<Vec<_>, _>>()?;
-    arrow::compute::concat_batches(&schema, &batches)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use arrow::array::StringViewArray;
     use arrow::datatypes::{Field, Schema};
+    use insitu_client::ipc_to_batch;
 
     fn one_chunk(chunks: Vec<Bytes>) -> Bytes {
         assert_eq!(chunks.len(), 1, "one chunk");

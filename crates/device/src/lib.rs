@@ -7,11 +7,12 @@
 //! an Arrow IPC stream followed by its statistics. It never sees SQL.
 
 mod binder;
-pub mod calibrate;
+mod client;
 mod error;
 mod hybrid_sort;
 mod ipc;
 mod job;
+mod kernel_sorts;
 mod pool;
 pub mod root;
 mod sort;
@@ -41,6 +42,7 @@ use datafusion::physical_plan::coalesce_partitions::CoalescePartitionsExec;
 use datafusion::physical_plan::{ExecutionPlan, ExecutionPlanProperties};
 use datafusion::prelude::{SessionConfig, SessionContext};
 use futures::StreamExt;
+use insitu_client::DeviceMessage;
 use insitu_format::{load_manifest, store_manifest, PartitionWriter, WriterOptions};
 use insitu_stage::{bind_stage, decode_stage_unbound, MeteredPool};
 use insitu_wire::{
@@ -51,12 +53,14 @@ use object_store::local::LocalFileSystem;
 use object_store::{ObjectStore, ObjectStoreExt};
 use tokio::sync::mpsc;
 
+pub use client::{embedded, embedded_clients, EmbeddedClient};
 pub use error::{DeviceError, DeviceErrorKind, DeviceResult};
 pub use hybrid_sort::HybridSortExec;
 pub use insitu_wire::StageStats;
-pub use ipc::{batch_to_ipc, ipc_to_batch, IpcChunker, IPC_CONTINUATION, RESULT_CHUNK_BYTES_MAX};
+pub use ipc::{IpcChunker, RESULT_CHUNK_BYTES_MAX};
+pub use kernel_sorts::{use_kernel_sorts, SortConfig};
 use sort::widen_sort_output;
-pub use sort::{use_kernel_sorts, KernelSortExec, SortConfig};
+pub use sort::KernelSortExec;
 
 use binder::{widening_sort, DeviceBinder, VerifiedSet};
 use pool::PeakTrackingPool;
@@ -133,18 +137,6 @@ impl DeviceConfig {
             kernel_top_k: false,
         }
     }
-}
-
-/// What a device sends back for a stage plan.
-#[derive(Debug, Clone)]
-pub enum DeviceMessage {
-    /// Part of the Arrow IPC result stream.
-    Ipc(Bytes),
-    /// A result batch a network client has already decoded from its wire
-    /// form (Arrow Flight); devices themselves only produce `Ipc`.
-    Batch(RecordBatch),
-    /// The stage finished; nothing follows.
-    Done(StageStats),
 }
 
 /// A device: one directory, one manifest, one memory and thread budget.
@@ -238,7 +230,7 @@ impl Device {
                 format!("device directory {}: {e}", dir.display()),
             )
         })?;
-        let mut profile = calibrate::device_profile(&dir, config.threads as u32)
+        let mut profile = insitu_calibrate::device_profile(&dir, config.threads as u32)
             .map_err(|e| DeviceError::new(id, DeviceErrorKind::Corrupt, e))?;
         // Threads are configured, not measured.
         profile.threads = config.threads.max(1) as u32;

@@ -20,6 +20,20 @@
 //! swaps it for this operator after decoding ([`use_kernel_sorts`]). The
 //! host merges the devices' sorted streams with a sort-preserving merge.
 //!
+//! The input batches are never concatenated; only the key columns are.
+//! How output batches are gathered depends on the sorted order
+//! ([`insitu_kernels::SourceLayout`]):
+//!
+//! - packed rows (the default): the fixed-width parts of every column are
+//!   packed once into rows of at most a cache line, and each output batch
+//!   is gathered from them (one cache miss per row, not per row and column);
+//! - columns: an order that steps forward one or two rows almost
+//!   everywhere (input nearly sorted) gathers each column as a stream;
+//! - scattered: an order of at most 16Ki ascending runs (a key of few
+//!   values) copies every input row to its place in all output batches at
+//!   once, reading each column once;
+//! - an order equal to the input's sends the batches as zero-copy slices.
+//!
 //! A sort may output wider types than its input holds
 //! ([`KernelSortExec::with_output_schema`]): decimals its scan read as
 //! Decimal64 are sorted and moved as 8 bytes and written out as the
@@ -32,7 +46,7 @@ use std::sync::Arc;
 use arrow::array::{new_empty_array, Array, ArrayRef, AsArray, RecordBatch};
 use arrow::compute::{cast, concat, concat_batches, SortColumn};
 use arrow::datatypes::{DataType, SchemaRef};
-use datafusion::common::tree_node::{Transformed, TreeNode, TreeNodeRecursion};
+use datafusion::common::tree_node::TreeNodeRecursion;
 use datafusion::common::{internal_err, DataFusionError, Result};
 use datafusion::execution::memory_pool::{MemoryConsumer, MemoryReservation};
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
@@ -53,24 +67,7 @@ use insitu_kernels::{
     argsort_columns, concat_views, widens_to, GatherSource, Parallelism, SourceLayout,
 };
 
-use crate::hybrid_sort::hybrid_sort_for;
 use crate::spill::{merge_runs, reduce_runs, rows_within, KeyEncoder, SpillRuns};
-
-/// How a device runs the sorts of its stages.
-#[derive(Debug, Clone)]
-pub struct SortConfig {
-    /// Threads the argsort may use (the device's thread budget).
-    pub threads: usize,
-    /// Run top-k with the kernels too (else DataFusion's TopK).
-    pub top_k: bool,
-    /// Where sorts spill sorted runs when the input outgrows the memory
-    /// budget; `None`: such a sort fails.
-    pub spill_dir: Option<PathBuf>,
-    /// What the device's queries may reserve (its `mem_bytes_max` less
-    /// the kernels' scratch share): a hybrid sort is used only if its
-    /// files fit.
-    pub mem_bytes_max: usize,
-}
 
 /// A spilling sort writes its run batches at 1/32 of its budget, so a
 /// merge holding two batches per run in 3/4 of the budget merges 12 runs
@@ -180,32 +177,6 @@ impl KernelSortExec {
     pub fn fetch(&self) -> Option<usize> {
         self.fetch
     }
-}
-
-/// Replaces the `SortExec`s of a decoded stage with kernel sorts: a
-/// [`crate::HybridSortExec`] where the sort reads hybrid partitions by their
-/// column-wise keys, else a [`KernelSortExec`]; full sorts always, top-k
-/// sorts (with a fetch) only if `config.top_k`.
-pub fn use_kernel_sorts(
-    plan: Arc<dyn ExecutionPlan>,
-    config: &SortConfig,
-) -> Result<Arc<dyn ExecutionPlan>> {
-    Ok(plan
-        .transform_up(|node| {
-            Ok(match node.downcast_ref::<SortExec>() {
-                Some(sort) if config.top_k || sort.fetch().is_none() => {
-                    match hybrid_sort_for(sort, config.threads, config.mem_bytes_max) {
-                        Some(hybrid) => Transformed::yes(Arc::new(hybrid) as _),
-                        None => Transformed::yes(Arc::new(
-                            KernelSortExec::from_sort_exec(sort, config.threads)
-                                .with_spill_dir(config.spill_dir.clone()),
-                        ) as _),
-                    }
-                }
-                _ => Transformed::no(node),
-            })
-        })?
-        .data)
 }
 
 /// `plan`, a stage whose root is a kernel sort, with that sort writing
@@ -715,6 +686,7 @@ fn slices_of(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::{use_kernel_sorts, SortConfig};
     use arrow::array::{ArrayRef, Float64Array, Int64Array, StringArray};
     use arrow::compute::{concat_batches, SortOptions};
     use arrow::datatypes::{DataType, Field, Schema};

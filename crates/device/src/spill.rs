@@ -59,12 +59,12 @@ pub struct Run {
 }
 
 /// Removes the run directories under `device_dir/.spill` of sorts that
-/// are no longer running (see [`insitu_extsort::io::tag_is_live`]: their
+/// are no longer running (see [`insitu_extsort::files::tag_is_live`]: their
 /// process is gone, or a later process reuses its id). Runs of live sorts
 /// stay, whichever process owns them: a second device opened on the same
 /// directory must not pull a running sort's runs from under it.
 pub fn remove_stale_runs(device_dir: &Path) {
-    insitu_extsort::io::remove_stale(&device_dir.join(SPILL_DIR), |n| n.strip_prefix("sort-"));
+    insitu_extsort::files::remove_stale(&device_dir.join(SPILL_DIR), |n| n.strip_prefix("sort-"));
 }
 
 impl SpillRuns {
@@ -74,7 +74,7 @@ impl SpillRuns {
         let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let dir = device_dir
             .join(SPILL_DIR)
-            .join(format!("sort-{}-{n}", insitu_extsort::io::process_tag()));
+            .join(format!("sort-{}-{n}", insitu_extsort::files::process_tag()));
         std::fs::create_dir_all(&dir).map_err(io(&dir))?;
         Ok(Self {
             dir,

@@ -41,7 +41,7 @@ use std::time::Instant;
 
 use insitu_kernels::gather_rows_into;
 
-use crate::io::AlignedBuf;
+use crate::direct::AlignedBuf;
 use crate::{ExtsortError, Result};
 
 /// How runs are stored.

@@ -24,7 +24,7 @@
 //!
 //! Reads and writes also share the storage: while a phase reads and
 //! writes at once, together they move at most β_mixed bytes per second
-//! (measured by the probe, [`crate::io::Bandwidth::mixed`]). So a phase
+//! (measured by the probe, [`crate::probe::Bandwidth::mixed`]). So a phase
 //! that reads R and writes W bytes takes at least
 //!
 //! ```text
@@ -93,7 +93,7 @@
 //! needs no extra pass.
 
 use crate::codec::{frame_bytes_max, stored_bytes_max, CodecChoice, CodecRate, RunCodec};
-use crate::io::{aligned_block_records, aligned_bytes, read_buffer_bytes, write_staging_bytes};
+use crate::direct::{aligned_block_records, aligned_bytes, read_buffer_bytes, write_staging_bytes};
 use crate::{ExtsortError, Result};
 
 /// Smallest block a merge reads from one run or writes at once

@@ -15,7 +15,7 @@ use std::fs::File;
 use std::io::{BufReader, Read};
 use std::path::Path;
 
-use crate::io::{io_err, AtomicFile};
+use crate::files::{io_err, AtomicFile};
 use crate::{ExtsortError, Result};
 
 /// Bytes of one TeraSort record.

@@ -36,14 +36,13 @@ use insitu_kernels::mem::{huge_vec_with_capacity, take_vec_filled};
 use insitu_kernels::radix::sort_pairs_with_ties;
 use insitu_kernels::{gather_rows_into, prefetch};
 
+use crate::blocks::{Block, BlockReader, BlockWriter, Recycler, Written};
 use crate::codec::{
     compress_frames_from, measure_codec, stored_bytes_max, CodecChoice, FrameShape, FrameSource,
     RunCodec,
 };
-use crate::io::{
-    aligned_block_records, io_err, AlignedBuf, AtomicFile, Block, BlockReader, BlockWriter,
-    Recycler, RunDir, Written, DIRECT_ALIGN,
-};
+use crate::direct::{aligned_block_records, AlignedBuf, DIRECT_ALIGN};
+use crate::files::{io_err, AtomicFile, RunDir};
 use crate::loser::{LoserTree, MergeCursor};
 use crate::model::{plan_with_run_bytes, Plan, Rates, FRAME_BYTES_MAX};
 use crate::probe::storage_rates;

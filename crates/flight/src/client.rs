@@ -22,10 +22,10 @@ use async_trait::async_trait;
 use bytes::Bytes;
 use datafusion::common::{DataFusionError, Result};
 use futures::stream::{self, BoxStream, StreamExt};
-use insitu_device::{ipc_to_batch, DeviceMessage};
+use insitu_client::DeviceClient;
+use insitu_client::{ipc_to_batch, DeviceMessage};
 use insitu_format::{PartitionLayout, WriterOptions};
-use insitu_host::decode::ResultDecoder;
-use insitu_host::DeviceClient;
+use insitu_host::result_decoder::ResultDecoder;
 use insitu_ingest::{BatchSource, IngestError, IngestResult, PartitionSink};
 use insitu_link::{Direction, Link};
 use insitu_wire::protocol::{

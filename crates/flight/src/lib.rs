@@ -11,11 +11,11 @@ pub mod client;
 pub mod cluster;
 pub mod metrics;
 pub mod serve;
-pub mod server;
+pub mod service;
 mod split;
 
 pub use client::{ClientOptions, DeviceEndpoint, FlightDeviceClient};
 pub use cluster::{connect as connect_cluster, ClusterError, ClusterFile, DeviceEntry};
 pub use serve::{bind, termination_signal, BoundServer, ServeError, ServeOptions, TlsIdentity};
-pub use server::{DeviceService, ServerState};
+pub use service::{DeviceService, ServerState};
 pub use split::ipc_chunk_to_flight;

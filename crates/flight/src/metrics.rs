@@ -10,7 +10,7 @@ use axum::response::IntoResponse;
 use axum::routing::get;
 use axum::Router;
 
-use crate::server::ServerState;
+use crate::service::ServerState;
 
 /// Renders every counter and gauge in the Prometheus text format (0.0.4).
 pub fn render(state: &ServerState) -> String {

@@ -13,7 +13,7 @@ use tokio::net::TcpListener;
 use tonic::transport::server::TcpIncoming;
 use tonic::transport::{Identity, Server, ServerTlsConfig};
 
-use crate::server::{DeviceService, ServerState};
+use crate::service::{DeviceService, ServerState};
 
 /// A server error; the message names the address or file involved.
 #[derive(Debug, thiserror::Error)]

@@ -4,7 +4,7 @@
 
 use arrow_flight::FlightData;
 use bytes::Bytes;
-use insitu_host::decode::message_spans;
+use insitu_host::result_decoder::message_spans;
 
 /// Splits one chunk of an Arrow IPC stream into its messages. The
 /// end-of-stream marker (length 0) has no Flight counterpart and is

@@ -8,8 +8,8 @@ use datafusion::common::{DataFusionError, Result, Statistics};
 use insitu_format::schema_of;
 use insitu_wire::{FormatDescriptor, Operator};
 
-use crate::client::DeviceClient;
 use crate::statistics::table_statistics;
+use insitu_client::DeviceClient;
 
 /// Partitions of one table held by one device.
 #[derive(Debug, Clone)]

@@ -11,8 +11,6 @@
 
 pub mod budget;
 pub mod catalog;
-pub mod client;
-pub mod decode;
 pub mod join;
 pub mod memory;
 pub mod merge;
@@ -21,10 +19,12 @@ pub mod placement;
 mod provider;
 pub mod pull;
 pub mod reorder;
+pub mod result_decoder;
 pub mod result_filter;
 pub mod rule;
 pub mod scan;
 pub mod semijoin;
+pub mod starts;
 pub mod statistics;
 pub mod stats;
 pub mod views;
@@ -48,7 +48,7 @@ use datafusion::prelude::{SessionConfig, SessionContext};
 use insitu_link::LinkCounters;
 
 pub use catalog::{discover_tables, DeviceShare, TableInfo};
-pub use client::{embedded_clients, DeviceClient, EmbeddedClient};
+pub use insitu_client::{DeviceClient, DeviceMessage};
 pub use join::JoinStrategy;
 pub use memory::HostMemory;
 pub use options::{InsituOptions, JoinChoice};
@@ -76,6 +76,9 @@ pub struct HostConfig {
     /// How fast the host computes, for the placement of auto scans;
     /// measured when the session starts if `None`.
     pub profile: Option<insitu_wire::HostProfile>,
+    /// Where the profile is kept, to save stage starts measured when the
+    /// session starts; `None` keeps them for this session only.
+    pub profile_path: Option<PathBuf>,
 }
 
 impl Default for HostConfig {
@@ -87,6 +90,7 @@ impl Default for HostConfig {
             spill_root: std::env::temp_dir().join("insitu-spill"),
             join_strategy: JoinChoice::Auto,
             profile: None,
+            profile_path: None,
         }
     }
 }
@@ -169,8 +173,79 @@ fn logical_rules() -> Vec<Arc<dyn OptimizerRule + Send + Sync>> {
 }
 
 impl InsituHost {
-    pub async fn new(clients: Vec<Arc<dyn DeviceClient>>, config: HostConfig) -> Result<Self> {
+    /// A session over `clients`' tables. With `auto` pushdown, stage
+    /// starts not yet in the host profile for the clients' link are
+    /// measured first ([`starts`]) and saved to `config.profile_path`
+    /// when it is set.
+    pub async fn new(clients: Vec<Arc<dyn DeviceClient>>, mut config: HostConfig) -> Result<Self> {
         let tables = discover_tables(&clients).await?;
+        let threads = config.target_partitions.max(1) as u32;
+        let mut profile = match config.profile.take() {
+            Some(p) => p,
+            None => insitu_calibrate::measure_host_profile(threads),
+        };
+        // Only auto places scans by their predicted times; `on` and `off`
+        // sessions start no probe stages on the devices.
+        let auto = config.pushdown == Pushdown::Auto;
+        if let Some(link) = clients
+            .first()
+            .map(|c| starts::link_key(&c.link().profile()))
+        {
+            if auto && !profile.stage_starts.contains_key(&link) {
+                Self::measure_starts(&clients, &tables, &config, &mut profile, &link).await;
+            }
+        }
+        Self::assemble(clients, tables, config, profile, None)
+    }
+
+    /// Adds the stage starts over `link` to `profile`, saved where the
+    /// config says; a failed measurement leaves the profile's rates to
+    /// price starts, with a warning.
+    async fn measure_starts(
+        clients: &[Arc<dyn DeviceClient>],
+        tables: &BTreeMap<String, TableInfo>,
+        config: &HostConfig,
+        profile: &mut insitu_wire::HostProfile,
+        link: &str,
+    ) {
+        let limit = std::time::Duration::from_secs(starts::START_PROBE_SECS_MAX);
+        let measured = tokio::time::timeout(
+            limit,
+            starts::measure(clients, tables, config, profile, link),
+        )
+        .await;
+        let starts = match measured {
+            Ok(Ok(starts)) => starts,
+            Ok(Err(e)) => {
+                tracing::warn!("stage starts over {link} not measured: {e}");
+                return;
+            }
+            Err(_) => {
+                tracing::warn!(
+                    "stage starts over {link} not measured within {} s",
+                    starts::START_PROBE_SECS_MAX
+                );
+                return;
+            }
+        };
+        tracing::info!(link, ?starts, "measured stage starts");
+        profile.stage_starts.insert(link.to_string(), starts);
+        if let Some(path) = &config.profile_path {
+            if let Err(e) = insitu_format::write_atomically(path, profile.to_json().as_bytes()) {
+                tracing::warn!("cannot save the host profile to {}: {e}", path.display());
+            }
+        }
+    }
+
+    /// The session over `tables` with `profile`; `forced` places every
+    /// auto scan so (for [`starts`]).
+    fn assemble(
+        clients: Vec<Arc<dyn DeviceClient>>,
+        tables: BTreeMap<String, TableInfo>,
+        mut config: HostConfig,
+        profile: insitu_wire::HostProfile,
+        forced: Option<insitu_model::Placement>,
+    ) -> Result<Self> {
         let stage_stats = Arc::new(StageStatsSink::default());
         let mut session = SessionConfig::new()
             .with_target_partitions(config.target_partitions.max(1))
@@ -194,11 +269,11 @@ impl InsituHost {
         session.options_mut().execution.max_spill_file_size_bytes =
             ConfigNonZeroUsize::try_new(REPARTITION_SPILL_FILE_BYTES_MAX)?;
         let memory = HostMemory::new(config.mem_bytes_max, &config.spill_root)?;
-        let threads = config.target_partitions.max(1) as u32;
-        let host_profile = match &config.profile {
-            Some(p) => p.clone(),
-            None => insitu_device::calibrate::measure_host_profile(threads),
-        };
+        let mut placement = ChoosePlacement::new(profile.clone());
+        if let Some(p) = forced {
+            placement = placement.forcing(p);
+        }
+        config.profile = Some(profile);
         let runtime = memory.runtime()?;
         let url = url::Url::parse(PULL_STORE_URL).expect("pull store url");
         runtime.register_object_store(&url, Arc::new(PullStore::new(tables.values())));
@@ -207,7 +282,7 @@ impl InsituHost {
             .with_runtime_env(runtime)
             .with_default_features()
             .with_optimizer_rules(logical_rules())
-            .with_physical_optimizer_rules(physical_rules(ChoosePlacement::new(host_profile)))
+            .with_physical_optimizer_rules(physical_rules(placement))
             .build();
         let ctx = SessionContext::new_with_state(state);
         for info in tables.values() {

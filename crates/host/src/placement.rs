@@ -55,6 +55,7 @@ use crate::options::{CompressionChoice, InsituOptions};
 use crate::pull::{pull_source, PullScan};
 use crate::result_filter;
 use crate::scan::DeviceScanExec;
+use crate::starts;
 use crate::statistics::VARIABLE_VALUE_BYTES_ASSUMED;
 
 /// Link bytes per Arrow byte of LZ4-compressed device results, assumed
@@ -331,12 +332,25 @@ pub struct ChoosePlacement {
     host: HostProfile,
     /// Cores the embedded devices share with the host.
     cores: u32,
+    /// The placement every auto scan gets, priced as the model prices
+    /// it (for measuring stage starts); `None` lets the model choose.
+    forced: Option<Placement>,
 }
 
 impl ChoosePlacement {
     pub fn new(host: HostProfile) -> Self {
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get() as u32);
-        Self { host, cores }
+        Self {
+            host,
+            cores,
+            forced: None,
+        }
+    }
+
+    /// Places every auto scan as `placement`, whatever the model predicts.
+    pub fn forcing(mut self, placement: Placement) -> Self {
+        self.forced = Some(placement);
+        self
     }
 }
 
@@ -527,7 +541,12 @@ impl ChoosePlacement {
         let shape = self.shape(scan, &chain)?;
         let machine = self.machine(scan.shares());
         let encodings = result_encodings(config, result_ratios(&scan.schema(), &descriptors(scan)));
-        let (best, candidates) = insitu_model::choose_encodings(&shape, &machine, &encodings);
+        let (best, candidates) = match self.forced {
+            Some(placement) => {
+                insitu_model::choose_encoding(&shape, placement, &machine, &encodings)
+            }
+            None => insitu_model::choose_encodings(&shape, &machine, &encodings),
+        };
         let choice = Arc::new(PlacementChoice::of(best, candidates, shape, machine));
         tracing::debug!(table = chain.leaf().table(), %choice, "placed a device scan");
         let partitions = scan.properties().output_partitioning().partition_count();
@@ -686,13 +705,13 @@ impl ChoosePlacement {
             })
             .collect();
         let embedded = !shares.is_empty() && shares.iter().all(|s| s.client.in_process());
+        let link = shares.first().map(|s| s.client.link().profile());
         Machine {
             devices,
             host: self.host.clone(),
-            link_bytes_per_sec: shares
-                .first()
-                .and_then(|s| s.client.link().profile().bytes_per_sec),
+            link_bytes_per_sec: link.and_then(|l| l.bytes_per_sec),
             shared_cores: embedded.then_some(self.cores),
+            starts: link.and_then(|l| self.host.stage_starts.get(&starts::link_key(&l)).copied()),
         }
     }
 
@@ -1180,8 +1199,9 @@ mod tests {
         let host = HostProfile {
             version: PROFILE_VERSION,
             threads: 1,
-            rates: insitu_device::calibrate::compute_rates(),
+            rates: insitu_calibrate::compute_rates(),
             source: "test".into(),
+            stage_starts: Default::default(),
         };
         let mut choice = PlacementChoice {
             chosen: Placement::Pull,
@@ -1213,6 +1233,7 @@ mod tests {
                 host,
                 link_bytes_per_sec: None,
                 shared_cores: None,
+                starts: None,
             },
         };
         assert_eq!(

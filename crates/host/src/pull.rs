@@ -18,7 +18,7 @@ use object_store::{
 };
 
 use crate::catalog::TableInfo;
-use crate::client::DeviceClient;
+use insitu_client::DeviceClient;
 
 /// URL under which the pull store is registered.
 pub const PULL_STORE_URL: &str = "insitu://devices/";

@@ -13,7 +13,7 @@
 use std::fmt;
 use std::sync::Arc;
 
-use crate::decode::ResultDecoder;
+use crate::result_decoder::ResultDecoder;
 use arrow::buffer::Buffer;
 use arrow::datatypes::SchemaRef;
 use arrow::record_batch::{RecordBatch, RecordBatchOptions};
@@ -33,7 +33,7 @@ use datafusion::physical_plan::{
 };
 use datafusion::physical_plan::{StatisticsArgs, StatisticsContext};
 use futures::{StreamExt, TryStreamExt};
-use insitu_device::DeviceMessage;
+use insitu_client::DeviceMessage;
 use insitu_stage::{describe_stage, encode_stage, PartitionScanExec};
 use insitu_wire::{ResultCodec, StagePlanEnvelope};
 
@@ -411,7 +411,7 @@ impl StageReports {
         }
     }
 
-    fn record(&self, s: &insitu_device::StageStats) {
+    fn record(&self, s: &insitu_wire::StageStats) {
         self.output_rows.add(s.rows_out as usize);
         self.device_rows_read.add(s.rows_read as usize);
         self.device_mem_peak.set_max(s.mem_peak_bytes as usize);

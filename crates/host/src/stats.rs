@@ -3,7 +3,7 @@
 use std::collections::BTreeMap;
 use std::sync::Mutex;
 
-use insitu_device::StageStats;
+use insitu_wire::StageStats;
 
 /// Device-side counters reported by stage runs: summed over a session,
 /// or over one query when the query installs a sink of its own (see

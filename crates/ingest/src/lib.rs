@@ -10,8 +10,10 @@ use std::sync::Arc;
 use arrow::datatypes::SchemaRef;
 use arrow::error::ArrowError;
 use arrow::record_batch::RecordBatch;
-use insitu_device::Device;
+use insitu_client::{batch_to_ipc, ipc_to_batch, DeviceClient, REQUEST_HEADER_BYTES};
+use insitu_device::EmbeddedClient;
 use insitu_format::{PartitionLayout, WriterOptions};
+use insitu_link::Direction;
 
 pub use load::{load_files, LoadOptions};
 pub use tpch::{expected_rows as tpch_expected_rows, gen_tpch, TpchOptions, TPCH_TABLES};
@@ -115,17 +117,28 @@ pub trait PartitionSink: Send + Sync {
     ) -> IngestResult<()>;
 }
 
-impl PartitionSink for Device {
+/// A device in this process takes partitions over its link, as a device
+/// server does over the network: each batch crosses as Arrow IPC bytes,
+/// counted and throttled, and the device writes what it decodes.
+impl PartitionSink for EmbeddedClient {
     fn device_id(&self) -> u32 {
-        self.id()
+        self.device().id()
     }
 
     fn has_table(&self, table: &str) -> IngestResult<bool> {
-        Ok(self.manifest().tables.contains_key(table))
+        let link = self.link();
+        link.transfer_blocking(Direction::HostToDevice, REQUEST_HEADER_BYTES);
+        let has = self.device().manifest().tables.contains_key(table);
+        link.transfer_blocking(Direction::DeviceToHost, REQUEST_HEADER_BYTES);
+        Ok(has)
     }
 
     fn drop_table(&self, table: &str) -> IngestResult<()> {
-        Ok(Device::drop_table(self, table)?)
+        let link = self.link();
+        link.transfer_blocking(Direction::HostToDevice, REQUEST_HEADER_BYTES);
+        self.device().drop_table(table)?;
+        link.transfer_blocking(Direction::DeviceToHost, REQUEST_HEADER_BYTES);
+        Ok(())
     }
 
     fn write_partition(
@@ -136,7 +149,17 @@ impl PartitionSink for Device {
         batches: BatchSource<'_>,
         options: &WriterOptions,
     ) -> IngestResult<()> {
-        Device::write_partition(self, table, partition, schema, batches, options)?;
+        let link = self.link();
+        link.transfer_blocking(Direction::HostToDevice, REQUEST_HEADER_BYTES);
+        let mut crossed = batches.map(|batch| {
+            let bytes = batch_to_ipc(&batch?)?;
+            link.transfer_blocking(Direction::HostToDevice, bytes.len());
+            ipc_to_batch(&bytes)
+        });
+        self.device()
+            .write_partition(table, partition, schema, &mut crossed, options)?;
+        // The commit's answer.
+        link.transfer_blocking(Direction::DeviceToHost, REQUEST_HEADER_BYTES);
         Ok(())
     }
 }

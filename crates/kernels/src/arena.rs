@@ -32,7 +32,6 @@ use std::sync::{Arc, Mutex, Weak};
 
 use arrow::buffer::Buffer;
 
-use crate::gather::as_bytes_mut;
 use crate::mem::{pooled_buffer, recycle, take_vec_filled, take_vec_initialized};
 
 /// Alignment of every region in an arena (Arrow's buffer alignment).
@@ -356,6 +355,13 @@ impl Drop for OutputBuffer {
             arena.lock_state().open -= 1;
         }
     }
+}
+
+/// The bytes of `v`, for writing into an arena's 16-byte-aligned memory.
+fn as_bytes_mut(v: &mut [u128]) -> &mut [u8] {
+    // SAFETY: any bytes are a valid u8, u8 has alignment 1, and the length
+    // covers exactly the same memory.
+    unsafe { std::slice::from_raw_parts_mut(v.as_mut_ptr() as *mut u8, std::mem::size_of_val(v)) }
 }
 
 #[cfg(test)]

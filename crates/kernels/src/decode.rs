@@ -42,6 +42,7 @@ use arrow::error::ArrowError;
 
 use crate::gather::{gather_values, prefetch, prefetch_pays, PREFETCH_ROWS};
 use crate::mem::{pooled_buffer, recycle, take_vec, Pod};
+use crate::views::INLINE_BYTES_MAX;
 
 /// Decodes a dictionary array into a plain array of its value type.
 ///
@@ -1173,7 +1174,7 @@ fn views_of<T: ByteArrayType>(
     }
     // SAFETY: all `entries` slots were written above.
     unsafe { views.set_len(entries) };
-    let buffers = if longest > MAX_INLINE_VIEW_BYTES {
+    let buffers = if longest > INLINE_BYTES_MAX as usize {
         vec![bytes.clone()]
     } else {
         Vec::new()
@@ -1205,7 +1206,7 @@ fn view_of_value(bytes: &[u8], start: usize, end: usize) -> u128 {
     };
     assert!(len <= bytes.len() - start, "value within the bytes");
     let raw = u128::from_le_bytes(word.try_into().expect("16 bytes"));
-    let head = if len <= MAX_INLINE_VIEW_BYTES {
+    let head = if len <= INLINE_BYTES_MAX as usize {
         raw & ((1u128 << (8 * len)) - 1)
     } else {
         // `start` fits in u32: the caller checked `bytes.len()`.
@@ -1213,9 +1214,6 @@ fn view_of_value(bytes: &[u8], start: usize, end: usize) -> u128 {
     };
     head << 32 | len as u128
 }
-
-/// A view holds values of up to this many bytes itself (Arrow's layout).
-const MAX_INLINE_VIEW_BYTES: usize = 12;
 
 #[cfg(test)]
 mod tests {

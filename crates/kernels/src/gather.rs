@@ -522,12 +522,6 @@ pub(crate) fn unpack_column(
     }
 }
 
-pub(crate) fn as_bytes_mut(v: &mut [u128]) -> &mut [u8] {
-    // SAFETY: any bytes are a valid u8, u8 has alignment 1, and the length
-    // covers exactly the same memory.
-    unsafe { std::slice::from_raw_parts_mut(v.as_mut_ptr() as *mut u8, std::mem::size_of_val(v)) }
-}
-
 /// `source` with its per-row values replaced by `values` (gathered by
 /// `indices`) and its validity gathered the same way.
 fn rebuild(source: &ArrayData, values: Buffer, indices: &[u32]) -> Result<ArrayRef, ArrowError> {

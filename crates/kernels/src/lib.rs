@@ -27,6 +27,7 @@
 
 pub mod arena;
 mod argsort;
+mod argsort_columns;
 mod decode;
 mod dictionary;
 mod gather;
@@ -34,10 +35,10 @@ mod gather_source;
 mod interleave;
 pub mod mem;
 pub mod radix;
-mod rows;
 mod views;
 
 pub use argsort::{argsort, argsort_to, argsort_top_k, key_images, KeyImage, Parallelism};
+pub use argsort_columns::argsort_columns;
 pub use decode::{dictionary_decode, dictionary_decode_to_views, DictionaryDecoder};
 pub use dictionary::{
     dictionary_ranks, encode_views, key_mapping_table, low_cardinality_ranks, sort_dictionary,
@@ -50,7 +51,6 @@ pub use gather::{
 pub use gather_source::{concat_views, widens_to, GatherSource, ScatteredBatches, SourceLayout};
 pub use interleave::interleave_batches;
 pub use radix::SortIndex;
-pub use rows::argsort_columns;
 pub use views::{
     compact_views, dedup_view_buffers, shrink_views, validate_full_fast, validate_utf8_views,
     SHRINK_SLACK_BYTES,

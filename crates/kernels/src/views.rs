@@ -29,8 +29,9 @@ use crate::arena::OutputBuffer;
 use crate::gather::{prefetch, PREFETCH_ROWS};
 use crate::mem::{pooled_buffer, take_vec};
 
-/// Longest string stored inside its view.
-const INLINE_BYTES_MAX: u32 = 12;
+/// Longest value a view holds itself (Arrow's layout); longer values
+/// live in a data buffer. The one name for this limit in the kernels.
+pub(crate) const INLINE_BYTES_MAX: u32 = 12;
 
 /// Checks `views` against `buffers` as a `Utf8View` array: inline strings
 /// are UTF-8 with zeroed padding, out-of-line views name an existing

@@ -193,15 +193,28 @@ impl Link {
     /// Counts `bytes` crossing the link and waits as long as the link's rate
     /// demands. Both directions share one serial channel.
     pub async fn transfer(&self, direction: Direction, bytes: usize) {
+        if let Some(wait) = self.throttle.reserve(bytes, Instant::now()) {
+            tokio::time::sleep(wait).await;
+        }
+        self.arrived(direction, bytes);
+    }
+
+    /// [`Link::transfer`] for a caller on a thread of its own (writes
+    /// from ingest, which are synchronous): the thread sleeps.
+    pub fn transfer_blocking(&self, direction: Direction, bytes: usize) {
+        if let Some(wait) = self.throttle.reserve(bytes, Instant::now()) {
+            std::thread::sleep(wait);
+        }
+        self.arrived(direction, bytes);
+    }
+
+    /// Counted on arrival: a transfer its receiver gave up on never arrived
+    /// (its time on the channel stays booked, as on a real link).
+    fn arrived(&self, direction: Direction, bytes: usize) {
         let counter = match direction {
             Direction::HostToDevice => &self.to_device,
             Direction::DeviceToHost => &self.to_host,
         };
-        if let Some(wait) = self.throttle.reserve(bytes, Instant::now()) {
-            tokio::time::sleep(wait).await;
-        }
-        // Counted on arrival: a transfer its receiver gave up on never arrived
-        // (its time on the channel stays booked, as on a real link).
         counter.fetch_add(bytes as u64, Ordering::Relaxed);
         self.messages.fetch_add(1, Ordering::Relaxed);
     }
@@ -257,6 +270,23 @@ mod tests {
         assert_eq!(
             (c.bytes_to_host, c.bytes_to_device, c.messages),
             (50_000, 25_000, 2)
+        );
+    }
+
+    #[test]
+    fn a_blocking_transfer_waits_and_counts_like_an_async_one() {
+        let link = Link::new("1000000".parse().unwrap()); // 1 MB/s
+        let start = Instant::now();
+        link.transfer_blocking(Direction::HostToDevice, 40_000);
+        link.transfer_blocking(Direction::DeviceToHost, 10_000);
+        // 50 kB at 1 MB/s occupy the link for 50 ms.
+        let elapsed = start.elapsed();
+        assert!(elapsed >= Duration::from_millis(48), "{elapsed:?}");
+        assert!(elapsed < Duration::from_millis(500), "{elapsed:?}");
+        let c = link.counters();
+        assert_eq!(
+            (c.bytes_to_device, c.bytes_to_host, c.messages),
+            (40_000, 10_000, 2)
         );
     }
 

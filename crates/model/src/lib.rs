@@ -31,7 +31,7 @@
 
 use std::fmt;
 
-use insitu_wire::{ComputeRates, DeviceProfile, HostProfile, ResultCodec};
+use insitu_wire::{ComputeRates, DeviceProfile, HostProfile, ResultCodec, StageStarts};
 use serde::{Deserialize, Serialize};
 
 /// Where a stage's operators run.
@@ -276,6 +276,10 @@ pub struct Machine {
     /// Cores that devices and host share when they run on one machine
     /// (embedded devices); `None` when each has its own.
     pub shared_cores: Option<u32>,
+    /// Stage starts measured end to end over this machine's link; `None`
+    /// prices them from the profiles' `stages_started_per_sec`.
+    #[serde(default)]
+    pub starts: Option<StageStarts>,
 }
 
 /// Predicted seconds of one stage under one placement.
@@ -427,8 +431,18 @@ pub fn predict(shape: &StageShape, placement: Placement, machine: &Machine) -> P
 /// and opens its file, devices in parallel (on shared cores, the cores
 /// take turns); pulled, the host opens every device's file, its threads
 /// in parallel.
+///
+/// Starts measured end to end ([`Machine::starts`]) take the place of
+/// these parts: they hold what the parts leave out (the host's planning,
+/// the request, the link's first bytes).
 fn start_secs(shape: &StageShape, placement: Placement, machine: &Machine) -> f64 {
     let devices = shape.devices.len();
+    if let Some(starts) = &machine.starts {
+        return match placement {
+            Placement::Pull => starts.pull.secs(devices),
+            Placement::Push | Placement::PushScan => starts.push.secs(devices),
+        };
+    }
     match placement {
         Placement::Pull => {
             let per_file = 1.0 / machine.host.rates.stages_started_per_sec;
@@ -528,7 +542,7 @@ pub fn choose_encoding(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use insitu_wire::PROFILE_VERSION;
+    use insitu_wire::{StartCost, PROFILE_VERSION};
 
     /// Round numbers, so that the expectations below are done by hand.
     fn rates() -> ComputeRates {
@@ -565,9 +579,11 @@ mod tests {
                 threads: 2,
                 rates: rates(),
                 source: "test".into(),
+                stage_starts: Default::default(),
             },
             link_bytes_per_sec: link,
             shared_cores: shared,
+            starts: None,
         }
     }
 
@@ -724,6 +740,23 @@ mod tests {
         assert!((shared.total_secs - 0.002).abs() < 1e-5, "{shared:?}");
         let pulled = predict(&tiny, Placement::Pull, &machine(2, None, None));
         assert!((pulled.total_secs - 0.001).abs() < 1e-5, "{pulled:?}");
+        // Measured starts replace the profiles' parts: pushed 1 ms + 2 ×
+        // 2 ms, pulled 2 × 1 ms.
+        let mut measured = machine(2, None, Some(1));
+        measured.starts = Some(StageStarts {
+            push: StartCost {
+                once_secs: 0.001,
+                per_device_secs: 0.002,
+            },
+            pull: StartCost {
+                once_secs: 0.0,
+                per_device_secs: 0.001,
+            },
+        });
+        let pushed = predict(&tiny, Placement::Push, &measured);
+        assert!((pushed.total_secs - 0.005).abs() < 1e-5, "{pushed:?}");
+        let pulled = predict(&tiny, Placement::Pull, &measured);
+        assert!((pulled.total_secs - 0.002).abs() < 1e-5, "{pulled:?}");
     }
 
     #[test]

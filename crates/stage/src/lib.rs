@@ -15,13 +15,13 @@
 //! ```
 
 mod codec;
-pub mod hybrid;
+pub mod hybrid_scan;
 pub mod memory;
 mod scan;
 
 pub use codec::{
     bind_stage, decode_stage_unbound, describe_stage, encode_stage, PartitionBinder, StageCodec,
 };
-pub use hybrid::{HybridFile, HybridScanExec};
+pub use hybrid_scan::{HybridFile, HybridScanExec};
 pub use memory::MeteredPool;
 pub use scan::PartitionScanExec;

@@ -24,8 +24,8 @@ pub use envelope::{
 pub use error::{WireError, WireResult};
 pub use manifest::{Manifest, PartitionRef, MANIFEST_FILE, MANIFEST_VERSION};
 pub use profile::{
-    ComputeRates, DeviceProfile, HostProfile, DEVICE_PROFILE_FILE, FEW_GROUPS_MAX,
-    HOST_PROFILE_FILE, PROFILE_VERSION,
+    ComputeRates, DeviceProfile, HostProfile, StageStarts, StartCost, DEVICE_PROFILE_FILE,
+    FEW_GROUPS_MAX, HOST_PROFILE_FILE, PROFILE_VERSION,
 };
 pub use protocol::{
     Capabilities, DeviceStats, Operator, PutCommit, PutRequest, SampleKeysRequest, SortKey,

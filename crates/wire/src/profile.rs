@@ -7,6 +7,8 @@
 //! thread unless its name says otherwise, and must be finite and
 //! positive ([`ComputeRates::validate`]).
 
+use std::collections::BTreeMap;
+
 use serde::{Deserialize, Serialize};
 
 use crate::{WireError, WireResult};
@@ -182,13 +184,24 @@ pub struct HostProfile {
     pub threads: u32,
     pub rates: ComputeRates,
     pub source: String,
+    /// What starting a stage costs end to end through this root's devices,
+    /// per link profile name (`1gbe`, `unlimited`, ...): measured by the
+    /// host on the first session over that link.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub stage_starts: BTreeMap<String, StageStarts>,
 }
 
 impl HostProfile {
     pub fn validate(&self) -> WireResult<()> {
         check_version(self.version)?;
         positive("threads", f64::from(self.threads))?;
-        self.rates.validate()
+        self.rates.validate()?;
+        for (link, starts) in &self.stage_starts {
+            starts
+                .validate()
+                .map_err(|e| WireError::Invalid(format!("{e} (stage_starts.{link})")))?;
+        }
+        Ok(())
     }
 
     /// Parses and validates a profile file's text.
@@ -198,6 +211,53 @@ impl HostProfile {
 
     pub fn to_json(&self) -> String {
         serde_json::to_string_pretty(self).expect("profile serializes")
+    }
+}
+
+/// What a stage costs before its first row, end to end: the host plans
+/// it, sends it or opens the devices' files, and the devices plan and
+/// open theirs. Linear in the stage's device count.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct StageStarts {
+    /// A pushed stage: the host's request and the devices' plans.
+    pub push: StartCost,
+    /// A pulled stage: the host opening each device's files over the link.
+    pub pull: StartCost,
+}
+
+impl StageStarts {
+    pub fn validate(&self) -> WireResult<()> {
+        self.push.validate("push")?;
+        self.pull.validate("pull")
+    }
+}
+
+/// Seconds a stage start takes on `devices` devices:
+/// `once_secs + per_device_secs * devices`.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct StartCost {
+    pub once_secs: f64,
+    pub per_device_secs: f64,
+}
+
+impl StartCost {
+    /// Seconds of a start on `devices` devices.
+    pub fn secs(&self, devices: usize) -> f64 {
+        self.once_secs + self.per_device_secs * devices as f64
+    }
+
+    fn validate(&self, name: &str) -> WireResult<()> {
+        for (part, value) in [
+            ("once_secs", self.once_secs),
+            ("per_device_secs", self.per_device_secs),
+        ] {
+            if !value.is_finite() || value < 0.0 {
+                return Err(WireError::Invalid(format!(
+                    "profile: {name}.{part} must be a number of seconds at least 0, found {value}"
+                )));
+            }
+        }
+        Ok(())
     }
 }
 
@@ -242,6 +302,7 @@ mod tests {
             threads: 2,
             rates: rates(),
             source: "edited".into(),
+            stage_starts: BTreeMap::new(),
         };
         p.rates.filter_rows_per_sec = -1.0;
         let err = HostProfile::from_json(&p.to_json())
@@ -256,5 +317,34 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("version 7"), "{err}");
+    }
+
+    #[test]
+    fn stage_starts_round_trip_and_a_negative_one_is_named() {
+        let cost = StartCost {
+            once_secs: 1e-3,
+            per_device_secs: 5e-4,
+        };
+        assert_eq!(cost.secs(4), 3e-3);
+        let mut p = HostProfile {
+            version: PROFILE_VERSION,
+            threads: 2,
+            rates: rates(),
+            source: "measured".into(),
+            stage_starts: BTreeMap::from([(
+                "1gbe".to_string(),
+                StageStarts {
+                    push: cost,
+                    pull: cost,
+                },
+            )]),
+        };
+        assert_eq!(HostProfile::from_json(&p.to_json()).unwrap(), p);
+        p.stage_starts.get_mut("1gbe").unwrap().pull.per_device_secs = -1.0;
+        let err = HostProfile::from_json(&p.to_json())
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("pull.per_device_secs"), "{err}");
+        assert!(err.contains("stage_starts.1gbe"), "{err}");
     }
 }

@@ -11,9 +11,10 @@ use arrow::array::Array;
 use arrow::datatypes::DataType;
 use arrow::record_batch::RecordBatch;
 use arrow::util::display::ArrayFormatter;
+use insitu_device::embedded_clients;
 use insitu_device::root::{create_root, DeviceBudget};
 use insitu_device::Device;
-use insitu_host::{embedded_clients, HostConfig, InsituHost, Pushdown};
+use insitu_host::{HostConfig, InsituHost, Pushdown};
 use insitu_ingest::{gen_tpch, TpchOptions};
 use insitu_link::LinkProfile;
 
@@ -49,7 +50,8 @@ pub fn tpch_root(sf: f64, devices: u32) -> PathBuf {
                 scale_factor: sf,
                 ..Default::default()
             };
-            gen_tpch(&devs, &[], &options, &|_| {}).expect("gen tpch");
+            let sinks = insitu_device::embedded(devs, insitu_link::LinkProfile::UNLIMITED);
+            gen_tpch(&sinks, &[], &options, &|_| {}).expect("gen tpch");
             dir
         })
         .clone()

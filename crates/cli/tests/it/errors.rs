@@ -4,8 +4,9 @@ use crate::common;
 
 use std::path::{Path, PathBuf};
 
+use insitu_device::embedded_clients;
 use insitu_device::root::{create_root, open_root, DeviceBudget};
-use insitu_host::{embedded_clients, HostConfig, InsituHost, Pushdown};
+use insitu_host::{HostConfig, InsituHost, Pushdown};
 use insitu_ingest::{gen_tpch, TpchOptions};
 use insitu_link::LinkProfile;
 use insitu_wire::StagePlanEnvelope;
@@ -20,7 +21,8 @@ fn scratch_root() -> (tempfile::TempDir, PathBuf) {
         scale_factor: 0.01,
         ..Default::default()
     };
-    gen_tpch(&devs, &["lineitem", "nation"], &options, &|_| {}).expect("gen");
+    let sinks = insitu_device::embedded(devs, LinkProfile::UNLIMITED);
+    gen_tpch(&sinks, &["lineitem", "nation"], &options, &|_| {}).expect("gen");
     (dir, root)
 }
 

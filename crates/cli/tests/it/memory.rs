@@ -4,8 +4,9 @@
 
 use std::path::Path;
 
+use insitu_device::embedded_clients;
 use insitu_device::root::DeviceBudget;
-use insitu_host::{embedded_clients, HostConfig, InsituHost, JoinChoice, Pushdown};
+use insitu_host::{HostConfig, InsituHost, JoinChoice, Pushdown};
 use insitu_link::LinkProfile;
 
 use crate::common;

@@ -60,7 +60,7 @@ async fn throttled_link_slows_pull_more_than_push() {
     let profile: insitu_link::LinkProfile = "5MB/s".parse().expect("profile");
     let host = |pushdown| {
         insitu_host::InsituHost::new(
-            insitu_host::embedded_clients(devices(()), profile),
+            insitu_device::embedded_clients(devices(()), profile),
             insitu_host::HostConfig {
                 pushdown,
                 target_partitions: 2,
@@ -197,8 +197,9 @@ fn interactive_prompt_runs_statements_until_eof() {
 /// and every stage over 1 GbE.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn compressed_results_match_duckdb_in_fewer_link_bytes() {
+    use insitu_device::embedded_clients;
     use insitu_device::root::DeviceBudget;
-    use insitu_host::{embedded_clients, HostConfig, InsituHost};
+    use insitu_host::{HostConfig, InsituHost};
     use insitu_link::LinkProfile;
 
     let root = common::tpch_root(0.01, 4);

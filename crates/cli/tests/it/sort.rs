@@ -158,7 +158,7 @@ async fn order_by_past_the_device_budget_spills_and_matches_duckdb() {
     };
     let devices = common::open_devices(&root, &budget);
     let host = insitu_host::InsituHost::new(
-        insitu_host::embedded_clients(devices.clone(), insitu_link::LinkProfile::UNLIMITED),
+        insitu_device::embedded_clients(devices.clone(), insitu_link::LinkProfile::UNLIMITED),
         insitu_host::HostConfig {
             pushdown: Pushdown::On,
             target_partitions: 2,
@@ -436,6 +436,14 @@ async fn assert_same_rows(host: &insitu_host::InsituHost, a: &str, b: &str) {
     assert_eq!(show(&x), show(&y), "{a} and {b} hold different rows");
 }
 
+/// Whether a sort job's report says bytes went to the devices.
+fn shuffled_to_devices(report: &str) -> bool {
+    report
+        .split_once("link: ")
+        .and_then(|(_, rest)| rest.split_once(" to devices"))
+        .is_some_and(|(bytes, _)| !bytes.is_empty() && bytes != "0 B")
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sort_job_range_partitions_a_globally_sorted_table() {
     let dir = sort_root();
@@ -451,6 +459,8 @@ async fn sort_job_range_partitions_a_globally_sorted_table() {
     let (ok, _, err) = sort(&["--by", "dec", "--desc", "--into", "by_dec"]);
     assert!(ok, "{err}");
     assert!(err.contains("sorted 4000 rows"), "{err}");
+    // The shuffle's writes cross the embedded devices' links, as over Flight.
+    assert!(shuffled_to_devices(&err), "{err}");
     let rows = in_partition_order(&root, "by_dec").await;
     assert_same(
         &column_text(&rows, "dec"),
@@ -615,6 +625,7 @@ async fn sort_job_runs_on_device_servers() {
         "--nulls-first",
     ]);
     assert!(ok, "{err}");
+    assert!(shuffled_to_devices(&err), "{err}");
     let rows = in_partition_order(cluster.root.path(), "by_ts").await;
     // Ascending with nulls first is DuckDB's descending, nulls last, reversed.
     let mut duck = expected(

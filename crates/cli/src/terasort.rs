@@ -7,7 +7,7 @@ use std::time::Instant;
 use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
 use insitu_extsort::heap::HeapMeter;
-use insitu_extsort::io::{current_rss_bytes, peak_rss_bytes, return_freed_buffers};
+use insitu_extsort::rss::{current_rss_bytes, peak_rss_bytes, return_freed_buffers};
 use insitu_extsort::{
     CodecChoice, ExtsortOptions, GenOptions, Measured, Phase, Plan, RunCodec, KEY_BYTES,
     RECORD_BYTES,

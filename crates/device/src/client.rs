@@ -1,55 +1,25 @@
-//! How the host reaches a device. Every exchange crosses the device's
-//! [`Link`], which meters and throttles it; in embedded mode the device
-//! lives in this process, but its inputs and outputs are still bytes.
+//! [`EmbeddedClient`]: the host's [`DeviceClient`] for a device in this
+//! process. Every exchange crosses the device's [`Link`], which meters
+//! and throttles it: the device lives in the host's process, but its
+//! inputs and outputs are still bytes.
 
 use std::ops::Range;
 use std::sync::Arc;
 
+use crate::Device;
 use arrow::record_batch::RecordBatch;
 use async_trait::async_trait;
 use bytes::Bytes;
 use datafusion::common::{DataFusionError, Result};
 use futures::stream::{BoxStream, StreamExt};
-use insitu_device::{batch_to_ipc, ipc_to_batch, Device, DeviceMessage};
+use insitu_client::{
+    batch_to_ipc, ipc_to_batch, DeviceClient, DeviceMessage, REQUEST_HEADER_BYTES,
+};
 use insitu_link::{Direction, Link};
 use insitu_wire::protocol::{from_json_bytes, to_json_bytes};
 use insitu_wire::{
     Capabilities, DeviceStats, FormatDescriptor, Manifest, SampleKeysRequest, SortTableRequest,
 };
-
-/// A device as the host sees it.
-#[async_trait]
-pub trait DeviceClient: Send + Sync + std::fmt::Debug {
-    fn id(&self) -> u32;
-    /// How errors and logs name the device (`device 2 at 10.0.0.7:7001`).
-    fn name(&self) -> String {
-        format!("device {}", self.id())
-    }
-    fn link(&self) -> &Arc<Link>;
-    /// Whether the device runs in this process (its memory is the host's).
-    fn in_process(&self) -> bool {
-        false
-    }
-    /// What the device advertised when the host connected.
-    fn capabilities(&self) -> &Capabilities;
-    /// The device's counters since it started.
-    async fn stats(&self) -> Result<DeviceStats>;
-    /// The device's manifest.
-    async fn manifest(&self) -> Result<Manifest>;
-    /// Sends an encoded stage plan envelope and streams the answer.
-    async fn execute(&self, envelope: Vec<u8>)
-        -> Result<BoxStream<'static, Result<DeviceMessage>>>;
-    /// Reads a byte range of a partition file (pull mode).
-    async fn read_range(&self, table: &str, partition: u32, range: Range<u64>) -> Result<Bytes>;
-    /// Bytes the device has read from its storage so far.
-    fn storage_bytes_read(&self) -> u64;
-    /// Evenly spaced rows of some columns of a table (sort jobs pick
-    /// range splitters from them).
-    async fn sample_keys(&self, request: &SampleKeysRequest) -> Result<RecordBatch>;
-    /// Sorts the device's partitions of a table into a new table (the
-    /// device's part of a sort job); returns the partitions written.
-    async fn sort_table(&self, request: &SortTableRequest) -> Result<Vec<FormatDescriptor>>;
-}
 
 /// A device in this process.
 #[derive(Debug)]
@@ -58,9 +28,6 @@ pub struct EmbeddedClient {
     link: Arc<Link>,
     capabilities: Capabilities,
 }
-
-/// Size of a small request or control message on the link.
-const REQUEST_HEADER_BYTES: usize = 64;
 
 impl EmbeddedClient {
     pub fn new(device: Arc<Device>, link: Arc<Link>) -> Self {
@@ -223,16 +190,27 @@ async fn blocking<T: Send + 'static>(f: impl FnOnce() -> Result<T> + Send + 'sta
 /// Wraps in-process devices as clients. Each has its own metered link, and
 /// all links share one throttle of `profile`'s rate: the host's port, whose
 /// bandwidth does not grow with the number of devices.
-pub fn embedded_clients(
+pub fn embedded(
     devices: Vec<Arc<Device>>,
     profile: insitu_link::LinkProfile,
-) -> Vec<Arc<dyn DeviceClient>> {
+) -> Vec<Arc<EmbeddedClient>> {
     let host_port = Arc::new(insitu_link::Throttle::new(profile));
     devices
         .into_iter()
         .map(|d| {
             let link = Link::sharing(profile, Arc::clone(&host_port));
-            Arc::new(EmbeddedClient::new(d, Arc::new(link))) as Arc<dyn DeviceClient>
+            Arc::new(EmbeddedClient::new(d, Arc::new(link)))
         })
+        .collect()
+}
+
+/// [`embedded`] as the host takes them.
+pub fn embedded_clients(
+    devices: Vec<Arc<Device>>,
+    profile: insitu_link::LinkProfile,
+) -> Vec<Arc<dyn DeviceClient>> {
+    embedded(devices, profile)
+        .into_iter()
+        .map(|c| c as Arc<dyn DeviceClient>)
         .collect()
 }

@@ -28,7 +28,8 @@ use arrow_flight::{
 };
 use bytes::Bytes;
 use futures::stream::{self, BoxStream, StreamExt};
-use insitu_device::{batch_to_ipc, Device, DeviceError, DeviceErrorKind, DeviceMessage};
+use insitu_client::{batch_to_ipc, DeviceMessage};
+use insitu_device::{Device, DeviceError, DeviceErrorKind};
 use insitu_format::{PartitionLayout, WriterOptions};
 use insitu_wire::protocol::{
     action, from_json_bytes, to_json_bytes, DropTableRequest, ReadRangeRequest, RANGE_CHUNK_BYTES,
@@ -74,8 +75,8 @@ impl ServerState {
         let mut stats = self.device.stats();
         stats.bytes_sent = self.counters.bytes_sent.load(Ordering::Relaxed);
         stats.bytes_received = self.counters.bytes_received.load(Ordering::Relaxed);
-        stats.process_rss_bytes = insitu_extsort::io::current_rss_bytes();
-        stats.process_rss_peak_bytes = insitu_extsort::io::peak_rss_bytes();
+        stats.process_rss_bytes = insitu_extsort::rss::current_rss_bytes();
+        stats.process_rss_peak_bytes = insitu_extsort::rss::peak_rss_bytes();
         stats
     }
 

@@ -90,6 +90,7 @@ pub fn measure_host_profile(threads: u32) -> HostProfile {
         threads: threads.max(1),
         rates: compute_rates(),
         source: format!("measured at unix time {}", now_unix_secs()),
+        stage_starts: Default::default(),
     }
 }
 

@@ -28,7 +28,7 @@ use arrow::error::ArrowError;
 use arrow_data::UnsafeFlag;
 use arrow_ipc::reader::{read_dictionary, RecordBatchDecoder};
 use arrow_ipc::MessageHeader;
-use insitu_device::IPC_CONTINUATION;
+use insitu_client::IPC_CONTINUATION;
 
 /// Reads a device's IPC result stream, chunk by chunk.
 #[derive(Debug, Default)]
