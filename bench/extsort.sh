@@ -17,7 +17,7 @@ records="${1:-80000000}"
 mem_mib="${2:-2048}"
 runs="${3:-3}"
 dir="${4:-${INSITU_BENCH_DATA:-${XDG_DATA_HOME:-$HOME/.local/share}/insitu}/bench-extsort}"
-export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/insitu-target}"
+export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$PWD/target}"
 cargo build --release --quiet
 insitu="$CARGO_TARGET_DIR/release/insitu"
 venv=bench/.venv

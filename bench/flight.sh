@@ -12,7 +12,7 @@ cd "$(dirname "$0")/.."
 sf="${1:-1}"
 queries="${2:-1,6,14}"
 runs="${3:-5}"
-export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/insitu-target}"
+export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$PWD/target}"
 cargo build --release --quiet
 insitu="$CARGO_TARGET_DIR/release/insitu"
 root="${XDG_DATA_HOME:-$HOME/.local/share}/insitu/bench-tpch-sf${sf}-4dev"

@@ -19,7 +19,7 @@ runs="${2:-3}"
 devices="${3:-2}"
 threads="${4:-2}"
 rounds="${5:-1}"
-export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/insitu-target}"
+export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$PWD/target}"
 cargo build --release --quiet
 insitu="$CARGO_TARGET_DIR/release/insitu"
 venv=bench/.venv

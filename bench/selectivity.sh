@@ -14,7 +14,7 @@ cd "$(dirname "$0")/.."
 sf="${1:-1}"
 runs="${2:-3}"
 out="${INSITU_BENCH_OUT:-bench/results}"
-export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/insitu-target}"
+export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$PWD/target}"
 cargo build --release --quiet
 insitu="$CARGO_TARGET_DIR/release/insitu"
 data="${INSITU_BENCH_DATA:-${XDG_DATA_HOME:-$HOME/.local/share}/insitu/bench-tpch-sf${sf}-4dev}"

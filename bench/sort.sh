@@ -11,7 +11,7 @@ cd "$(dirname "$0")/.."
 rows="${1:-100000000}"
 reps="${2:-5}"
 threads="${3:-2}"
-export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/insitu-target}/bench-kernels"
+export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$PWD/target}/bench-kernels"
 cargo build --release --quiet --manifest-path bench/kernels/Cargo.toml --bin sortbench
 venv=bench/.venv
 if [ ! -x "$venv/bin/python" ]; then python3 -m venv "$venv"; fi

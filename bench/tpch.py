@@ -263,7 +263,7 @@ def main() -> int:
     if args.worker:
         return worker(args.worker, args.root, args.query, args.runs, args.threads)
     if args.insitu is None:
-        target = os.environ.get("CARGO_TARGET_DIR", str(pathlib.Path.home() / ".cache/insitu-target"))
+        target = os.environ.get("CARGO_TARGET_DIR", str(REPO / "target"))
         args.insitu = os.path.join(target, "release", "insitu")
     engines = args.engines.split(",")
     modes = [m for m in args.modes.split(",") if m] if "insitu" in engines else []

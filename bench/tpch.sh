@@ -21,7 +21,7 @@ runs="${3:-3}"
 link="${LINK:-10gbe}"
 links="${LINKS:-}"
 out="${INSITU_BENCH_OUT:-bench/results}"
-export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/insitu-target}"
+export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$PWD/target}"
 cargo build --release --quiet
 insitu="$CARGO_TARGET_DIR/release/insitu"
 venv=bench/.venv
