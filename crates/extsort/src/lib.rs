@@ -39,10 +39,14 @@ pub mod direct;
 pub mod files;
 pub mod heap;
 pub mod loser;
+mod merge_phase;
 pub mod model;
+mod options;
 pub mod probe;
 pub mod record;
+mod report;
 pub mod rss;
+mod run_phase;
 pub mod sort;
 
 pub use codec::{CodecChoice, RunCodec};

@@ -87,9 +87,36 @@ async fn throttled_link_slows_pull_more_than_push() {
 /// the answers are push's.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn auto_pulls_a_scan_keeping_every_row_and_pushes_a_selective_one() {
+    use insitu_device::root::DeviceBudget;
+    use insitu_host::{HostConfig, InsituHost};
+    use insitu_wire::{StageStarts, StartCost};
     let root = common::tpch_root(0.01, 4);
     let link: insitu_link::LinkProfile = "1gbe".parse().expect("link");
-    let auto = common::host_over(&root, Pushdown::Auto, link).await;
+    // Equal starts both ways, so that the rows a stage keeps decide: at SF
+    // 0.01 a scan is small enough that measured starts, which move with
+    // the machine's load, would.
+    let mut profile = insitu_calibrate::measure_host_profile(2);
+    let start = StartCost {
+        once_secs: 1e-3,
+        per_device_secs: 0.0,
+    };
+    profile.stage_starts.insert(
+        "1gbe".into(),
+        StageStarts {
+            push: start,
+            pull: start,
+        },
+    );
+    let devices = common::open_devices(&root, &DeviceBudget::default());
+    let config = HostConfig {
+        pushdown: Pushdown::Auto,
+        target_partitions: 2,
+        profile: Some(profile),
+        ..Default::default()
+    };
+    let auto = InsituHost::new(insitu_device::embedded_clients(devices, link), config)
+        .await
+        .expect("auto host");
     let push = common::host(&root, Pushdown::On).await;
     let explain = |sql: String| {
         let auto = &auto;
