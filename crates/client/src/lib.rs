@@ -88,11 +88,15 @@ pub fn batch_to_ipc(batch: &RecordBatch) -> Result<Vec<u8>, ArrowError> {
     writer.into_inner()
 }
 
-/// The batches of an Arrow IPC stream, concatenated into one.
+/// The batches of an Arrow IPC stream, concatenated into one (a stream
+/// of one batch is that batch, not a copy of it).
 pub fn ipc_to_batch(bytes: &[u8]) -> Result<RecordBatch, ArrowError> {
     let reader = arrow::ipc::reader::StreamReader::try_new(std::io::Cursor::new(bytes), None)?;
     let schema = reader.schema();
-    let batches = reader.collect::<Result<Vec<_>, _>>()?;
+    let mut batches = reader.collect::<Result<Vec<_>, _>>()?;
+    if batches.len() == 1 {
+        return Ok(batches.swap_remove(0));
+    }
     arrow::compute::concat_batches(&schema, &batches)
 }
 

@@ -137,46 +137,52 @@ impl DeviceClient for EmbeddedClient {
     }
 
     async fn sample_keys(&self, request: &SampleKeysRequest) -> Result<RecordBatch> {
-        let body = to_json_bytes(request);
-        self.link
-            .transfer(Direction::HostToDevice, body.len())
-            .await;
-        let device = Arc::clone(&self.device);
-        let answer = blocking(move || {
-            let request: SampleKeysRequest = from_json_bytes(&body, "sample_keys request")
-                .map_err(|e| DataFusionError::Plan(e.to_string()))?;
-            let sample = device
-                .sample_keys(&request)
-                .map_err(|e| e.into_datafusion())?;
-            Ok(batch_to_ipc(&sample)?)
-        })
-        .await?;
-        self.link
-            .transfer(Direction::DeviceToHost, answer.len())
-            .await;
+        let answer = self
+            .call(to_json_bytes(request), |device, body| {
+                let request: SampleKeysRequest = from_json_bytes(&body, "sample_keys request")
+                    .map_err(|e| DataFusionError::Plan(e.to_string()))?;
+                let sample = device
+                    .sample_keys(&request)
+                    .map_err(|e| e.into_datafusion())?;
+                Ok(batch_to_ipc(&sample)?)
+            })
+            .await?;
         Ok(ipc_to_batch(&answer)?)
     }
 
     async fn sort_table(&self, request: &SortTableRequest) -> Result<Vec<FormatDescriptor>> {
-        let body = to_json_bytes(request);
+        let answer = self
+            .call(to_json_bytes(request), |device, body| {
+                let request: SortTableRequest = from_json_bytes(&body, "sort_table request")
+                    .map_err(|e| DataFusionError::Plan(e.to_string()))?;
+                let written = device
+                    .sort_table(&request)
+                    .map_err(|e| e.into_datafusion())?;
+                Ok(to_json_bytes(&written))
+            })
+            .await?;
+        from_json_bytes(&answer, "sort_table answer")
+            .map_err(|e| DataFusionError::Execution(e.to_string()))
+    }
+}
+
+impl EmbeddedClient {
+    /// Sends `body` over the link, runs `work` on the device off the async
+    /// threads, and brings its answer back over the link.
+    async fn call(
+        &self,
+        body: Vec<u8>,
+        work: impl FnOnce(Arc<Device>, Vec<u8>) -> Result<Vec<u8>> + Send + 'static,
+    ) -> Result<Vec<u8>> {
         self.link
             .transfer(Direction::HostToDevice, body.len())
             .await;
         let device = Arc::clone(&self.device);
-        let answer = blocking(move || {
-            let request: SortTableRequest = from_json_bytes(&body, "sort_table request")
-                .map_err(|e| DataFusionError::Plan(e.to_string()))?;
-            let written = device
-                .sort_table(&request)
-                .map_err(|e| e.into_datafusion())?;
-            Ok(to_json_bytes(&written))
-        })
-        .await?;
+        let answer = blocking(move || work(device, body)).await?;
         self.link
             .transfer(Direction::DeviceToHost, answer.len())
             .await;
-        from_json_bytes(&answer, "sort_table answer")
-            .map_err(|e| DataFusionError::Execution(e.to_string()))
+        Ok(answer)
     }
 }
 

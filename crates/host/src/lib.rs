@@ -231,8 +231,8 @@ impl InsituHost {
         tracing::info!(link, ?starts, "measured stage starts");
         profile.stage_starts.insert(link.to_string(), starts);
         if let Some(path) = &config.profile_path {
-            if let Err(e) = insitu_format::write_atomically(path, profile.to_json().as_bytes()) {
-                tracing::warn!("cannot save the host profile to {}: {e}", path.display());
+            if let Err(e) = insitu_calibrate::save(path, &profile.to_json()) {
+                tracing::warn!("{e}");
             }
         }
     }
