@@ -40,6 +40,30 @@ use insitu_wire::{
 use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 use parquet::arrow::{ArrowWriter, ProjectionMask};
 
+/// What went wrong reading, measuring or writing a profile, and where.
+#[derive(Debug, thiserror::Error)]
+pub enum CalibrateError {
+    #[error("cannot read profile {}: {source}", path.display())]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error(
+        "profile {}: {message}; fix it, or delete it or run `insitu calibrate` to measure it again",
+        path.display()
+    )]
+    Corrupt { path: PathBuf, message: String },
+    #[error("cannot write profile {}: {message}", path.display())]
+    Write { path: PathBuf, message: String },
+    #[error("cannot measure storage under {}: {source}", dir.display())]
+    Storage {
+        dir: PathBuf,
+        source: std::io::Error,
+    },
+}
+
+pub type CalibrateResult<T> = Result<T, CalibrateError>;
+
 /// Rows each compute measurement runs over.
 pub const CALIBRATION_ROWS: usize = 1 << 20;
 
@@ -108,19 +132,22 @@ pub fn host_profile_path(root: &Path) -> PathBuf {
 /// and written there when there is none (or one of another format
 /// version). A file that cannot be parsed is an error naming it, never
 /// replaced silently: it may hold a user's edits.
-pub fn device_profile(dir: &Path, threads: u32) -> Result<DeviceProfile, String> {
+pub fn device_profile(dir: &Path, threads: u32) -> CalibrateResult<DeviceProfile> {
     let path = device_profile_path(dir);
     if let Some(profile) = read_profile(&path, DeviceProfile::from_json)? {
         return Ok(profile);
     }
-    let profile = measure_device_profile(dir, threads)
-        .map_err(|e| format!("cannot measure storage under {}: {e}", dir.display()))?;
+    let profile =
+        measure_device_profile(dir, threads).map_err(|source| CalibrateError::Storage {
+            dir: dir.to_path_buf(),
+            source,
+        })?;
     save(&path, &profile.to_json())?;
     Ok(profile)
 }
 
 /// The host profile kept in `root`, measured and written when missing.
-pub fn host_profile(root: &Path, threads: u32) -> Result<HostProfile, String> {
+pub fn host_profile(root: &Path, threads: u32) -> CalibrateResult<HostProfile> {
     let path = host_profile_path(root);
     if let Some(profile) = read_profile(&path, HostProfile::from_json)? {
         return Ok(profile);
@@ -135,12 +162,18 @@ pub fn host_profile(root: &Path, threads: u32) -> Result<HostProfile, String> {
 fn read_profile<T>(
     path: &Path,
     parse: fn(&str) -> insitu_wire::WireResult<T>,
-) -> Result<Option<T>, String> {
+) -> CalibrateResult<Option<T>> {
     match std::fs::read_to_string(path) {
         Ok(text) if of_another_version(&text) => Ok(None),
-        Ok(text) => parse(&text).map(Some).map_err(|e| corrupt(path, e)),
+        Ok(text) => parse(&text).map(Some).map_err(|e| CalibrateError::Corrupt {
+            path: path.to_path_buf(),
+            message: e.to_string(),
+        }),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-        Err(e) => Err(format!("cannot read profile {}: {e}", path.display())),
+        Err(source) => Err(CalibrateError::Read {
+            path: path.to_path_buf(),
+            source,
+        }),
     }
 }
 
@@ -151,17 +184,12 @@ fn of_another_version(text: &str) -> bool {
         .is_some_and(|v| v != u64::from(PROFILE_VERSION))
 }
 
-fn corrupt(path: &Path, e: impl std::fmt::Display) -> String {
-    format!(
-        "profile {}: {e}; fix it, or delete it or run `insitu calibrate` to measure it again",
-        path.display()
-    )
-}
-
 /// Writes a profile file atomically.
-pub fn save(path: &Path, text: &str) -> Result<(), String> {
-    insitu_format::write_atomically(path, text.as_bytes())
-        .map_err(|e| format!("cannot write profile {}: {e}", path.display()))
+pub fn save(path: &Path, text: &str) -> CalibrateResult<()> {
+    insitu_format::write_atomically(path, text.as_bytes()).map_err(|e| CalibrateError::Write {
+        path: path.to_path_buf(),
+        message: e.to_string(),
+    })
 }
 
 /// Bytes per second of reading the files under `dir` (at most
@@ -540,6 +568,8 @@ mod tests {
         let path = device_profile_path(dir.path());
         std::fs::write(&path, "{ not json").unwrap();
         let err = device_profile(dir.path(), 2).unwrap_err();
+        assert!(matches!(&err, CalibrateError::Corrupt { path: p, .. } if *p == path));
+        let err = err.to_string();
         assert!(err.contains("profile.json"), "{err}");
         assert!(err.contains("insitu calibrate"), "{err}");
         // The user's file is left as it was.
@@ -548,7 +578,7 @@ mod tests {
         let mut bad = first.clone();
         bad.rates.filter_rows_per_sec = 0.0;
         std::fs::write(&path, bad.to_json()).unwrap();
-        let err = device_profile(dir.path(), 2).unwrap_err();
+        let err = device_profile(dir.path(), 2).unwrap_err().to_string();
         assert!(err.contains("filter_rows_per_sec"), "{err}");
         // A file of another format version is measured again.
         std::fs::write(&path, "{\"version\": 0}").unwrap();

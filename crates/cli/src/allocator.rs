@@ -63,6 +63,7 @@ use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicU8, Ordering::Relaxed};
 use std::sync::OnceLock;
 
+use crate::error::CliResult;
 use libmimalloc_sys::{mi_option_get, mi_option_set, mi_option_t};
 use mimalloc::MiMalloc;
 
@@ -193,7 +194,7 @@ static SETUP: OnceLock<String> = OnceLock::new();
 /// Tunes the allocator as the module doc says. Call first thing in
 /// `main`, before any thread exists: it may replace the process, and it
 /// edits the environment. Fails only on a bad [`ALLOCATOR_VAR`].
-pub fn tune() -> Result<(), String> {
+pub fn tune() -> CliResult<()> {
     let wanted = wanted_kind()?;
     if let Some(added) = std::env::var_os(REEXEC_MARKER) {
         // SAFETY (of the environment edits): no other thread exists yet.
@@ -230,15 +231,13 @@ pub fn describe() -> String {
 
 /// The allocator the environment asks for: [`ALLOCATOR_VAR`] if set,
 /// else glibc's.
-fn wanted_kind() -> Result<Kind, String> {
+fn wanted_kind() -> CliResult<Kind> {
     match std::env::var_os(ALLOCATOR_VAR) {
         None => Ok(Kind::System),
         Some(value) => match value.to_str() {
             Some("mimalloc") => Ok(Kind::Mimalloc),
             Some("system") => Ok(Kind::System),
-            _ => Err(format!(
-                "{ALLOCATOR_VAR} must be mimalloc or system, not {value:?}"
-            )),
+            _ => Err(format!("{ALLOCATOR_VAR} must be mimalloc or system, not {value:?}").into()),
         },
     }
 }

@@ -5,20 +5,20 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use clap::Args;
-use insitu_device::root::{device_count, open_root};
-use insitu_device::Device;
 use insitu_host::{InsituHost, Pushdown, QueryStats};
 use insitu_link::LinkProfile;
 use serde::Serialize;
 
-use crate::session::{
-    budget_for, connect_cluster, gen_tpch_into, gen_tpch_onto, host_memory_for, host_with, GenTpch,
+use insitu_session::{
+    host_memory_for, host_with, open_or_gen_tpch, open_or_gen_tpch_cluster, DeviceOptions,
     HostMemorySettings, Target,
 };
+
+use crate::console::{print_note, Bars};
+use crate::error::CliResult;
 use crate::tpch_queries::{parse_list, query};
 use crate::units::human_bytes;
 use crate::DeviceArgs;
-use insitu_host::DeviceClient;
 
 #[derive(Args, Debug)]
 pub struct BenchArgs {
@@ -177,7 +177,7 @@ struct Run {
     loopback_bytes: Option<u64>,
 }
 
-async fn run_once(host: &InsituHost, sql: &str) -> Result<Run, String> {
+async fn run_once(host: &InsituHost, sql: &str) -> CliResult<Run> {
     let before = loopback_bytes();
     let outcome = host.sql(sql).await.map_err(|e| e.to_string())?;
     let after = loopback_bytes();
@@ -197,7 +197,7 @@ pub async fn compare(
     queries: &[usize],
     runs: usize,
     mut on_result: impl FnMut(&QueryResult),
-) -> Result<Vec<QueryResult>, String> {
+) -> CliResult<Vec<QueryResult>> {
     let push = host_with(target.clients(Some(link)).await?, Pushdown::On, memory).await?;
     let pull = host_with(target.clients(Some(link)).await?, Pushdown::Off, memory).await?;
     let auto = host_with(target.clients(Some(link)).await?, Pushdown::Auto, memory).await?;
@@ -222,9 +222,9 @@ pub async fn compare(
                 }
             }
         }
-        let summarize = |runs: &Result<Vec<Run>, String>| match runs {
+        let summarize = |runs: &CliResult<Vec<Run>>| match runs {
             Err(e) => ModeResult {
-                error: Some(e.clone()),
+                error: Some(e.to_string()),
                 ..Default::default()
             },
             Ok(runs) => {
@@ -384,114 +384,52 @@ pub fn placed_words(placements: &[insitu_host::StagePlacement]) -> String {
         .join(", ")
 }
 
-/// Opens `root` if it holds TPC-H at this size, else generates it.
-pub fn tpch_devices(
-    root: &std::path::Path,
-    args: &DeviceArgs,
+/// TPC-H at `sf` on the cluster of `options` or on `devices` devices
+/// under its root, generated first where missing: the target, its
+/// device count and where it is, in words.
+pub async fn tpch_target(
+    options: &DeviceOptions,
     sf: f64,
     devices: u32,
-) -> Result<Vec<Arc<Device>>, String> {
-    let existing = device_count(root).map_err(|e| e.to_string())?;
-    if existing == Some(devices) {
-        let devs = open_root(root, &budget_for(args, devices)?).map_err(|e| e.to_string())?;
-        if devs
-            .iter()
-            .all(|d| d.manifest().tables.contains_key("lineitem"))
-        {
-            check_scale_factor(root, &devs, sf)?;
-            return Ok(devs);
+) -> CliResult<(Target, u32, String)> {
+    let bars = Arc::new(Bars::default());
+    Ok(match &options.cluster {
+        Some(cluster) => {
+            let target = open_or_gen_tpch_cluster(cluster, sf, print_note, bars).await?;
+            let devices = insitu_flight::ClusterFile::load(cluster)?.devices.len() as u32;
+            (
+                target,
+                devices,
+                format!("device servers of {}", cluster.display()),
+            )
         }
-    }
-    eprintln!(
-        "generating TPC-H SF {sf} on {devices} devices under {}",
-        root.display()
-    );
-    gen_tpch_into(
-        root,
-        &budget_for(args, devices)?,
-        &GenTpch::parquet(sf, devices),
-    )
+        None => {
+            let devs = open_or_gen_tpch(options, sf, devices, bars.as_ref())?;
+            let location = format!(
+                "{devices} embedded devices under {}",
+                options.root.display()
+            );
+            (Target::Embedded(devs), devices, location)
+        }
+    })
 }
 
-/// TPC-H orders rows per unit of scale factor (dbgen's count, exact).
-const ORDERS_ROWS_PER_SF: f64 = 1_500_000.0;
-
-/// Refuses TPC-H data under `root` generated at another scale factor than
-/// `sf`: reused silently, it would be reported as `sf`.
-fn check_scale_factor(
-    root: &std::path::Path,
-    devices: &[Arc<Device>],
-    sf: f64,
-) -> Result<(), String> {
-    let orders: u64 = devices
-        .iter()
-        .map(|d| {
-            let manifest = d.manifest();
-            let parts = manifest.tables.get("orders");
-            parts.map_or(0, |parts| parts.iter().map(|p| p.row_count).sum())
-        })
-        .sum();
-    let want = (ORDERS_ROWS_PER_SF * sf).round() as u64;
-    if orders == want {
-        return Ok(());
-    }
-    let held = orders as f64 / ORDERS_ROWS_PER_SF;
-    Err(format!(
-        "{} holds TPC-H with {orders} orders rows (SF {held}), not SF {sf} ({want} rows); \
-         pass --sf {held} or another --root",
-        root.display(),
-    ))
-}
-
-/// Connects to a cluster, generating TPC-H over Flight if it holds none.
-pub async fn tpch_cluster(path: &std::path::Path, sf: f64) -> Result<Target, String> {
-    let clients = connect_cluster(path, None).await?;
-    let mut have = true;
-    for c in &clients {
-        let manifest = c.manifest().await.map_err(|e| e.to_string())?;
-        have &= manifest.tables.contains_key("lineitem");
-    }
-    if !have {
-        eprintln!(
-            "generating TPC-H SF {sf} on the devices of {}",
-            path.display()
-        );
-        tokio::task::spawn_blocking(move || gen_tpch_onto(&clients, &GenTpch::parquet(sf, 0)))
-            .await
-            .map_err(|e| e.to_string())??;
-    }
-    Ok(Target::Cluster(path.to_path_buf()))
-}
-
-pub async fn run(a: BenchArgs) -> Result<(), String> {
+pub async fn run(a: BenchArgs) -> CliResult<()> {
     let queries = parse_list(&a.queries)?;
     let root = a.root.clone().unwrap_or_else(|| {
-        crate::session::default_root()
+        insitu_session::default_root()
             .with_file_name(format!("bench-tpch-sf{}-{}dev", a.sf, a.devices))
     });
-    let dargs = DeviceArgs {
-        root: root.clone(),
+    let options = DeviceOptions {
+        root,
         cluster: a.cluster.clone(),
         mem: a.mem,
         host_mem: a.host_mem,
         threads: a.threads,
+        notify: print_note,
     };
-    let (target, devices, location) = match &a.cluster {
-        Some(cluster) => {
-            let target = tpch_cluster(cluster, a.sf).await?;
-            let devices = insitu_flight::ClusterFile::load(cluster)
-                .map_err(|e| e.to_string())?
-                .devices
-                .len() as u32;
-            (target, devices, cluster.display().to_string())
-        }
-        None => {
-            let devices = tpch_devices(&root, &dargs, a.sf, a.devices)?;
-            let location = root.display().to_string();
-            (Target::Embedded(devices), a.devices, location)
-        }
-    };
-    let memory = host_memory_for(&dargs, &target).await?;
+    let (target, devices, location) = tpch_target(&options, a.sf, a.devices).await?;
+    let memory = host_memory_for(&options, &target).await?;
     report(&a, &queries, &target, &memory, devices, &location).await
 }
 
@@ -502,7 +440,7 @@ async fn report(
     memory: &HostMemorySettings,
     devices: u32,
     location: &str,
-) -> Result<(), String> {
+) -> CliResult<()> {
     let transport = match target {
         Target::Embedded(_) => "embedded",
         Target::Cluster(_) => "flight",
@@ -572,8 +510,8 @@ async fn report(
     Ok(())
 }
 
-fn write_atomically(path: &std::path::Path, bytes: &[u8]) -> Result<(), String> {
-    insitu_format::write_atomically(path, bytes).map_err(|e| e.to_string())
+fn write_atomically(path: &std::path::Path, bytes: &[u8]) -> CliResult<()> {
+    insitu_format::write_atomically(path, bytes).map_err(|e| e.to_string().into())
 }
 
 #[derive(Args, Debug)]
@@ -614,17 +552,16 @@ fn percentile(sorted: &[f64], p: f64) -> f64 {
 
 /// `insitu bench load`: clients running TPC-H queries against a cluster for
 /// a fixed time; fails on any error or a device over its memory budget.
-pub async fn load(a: LoadArgs) -> Result<(), String> {
+pub async fn load(a: LoadArgs) -> CliResult<()> {
     let queries = parse_list(&a.queries)?;
     let target = Target::Cluster(a.cluster.clone());
-    let dargs = DeviceArgs {
-        root: crate::session::default_root(),
+    let options = DeviceOptions {
         cluster: Some(a.cluster.clone()),
-        mem: None,
-        host_mem: None,
         threads: 1,
+        notify: print_note,
+        ..DeviceOptions::root(insitu_session::default_root())
     };
-    let memory = host_memory_for(&dargs, &target).await?;
+    let memory = host_memory_for(&options, &target).await?;
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs_f64(a.secs);
     let mut tasks = vec![];
     for client in 0..a.clients.max(1) {
@@ -696,10 +633,7 @@ pub async fn load(a: LoadArgs) -> Result<(), String> {
         serde_json::to_string_pretty(&report).map_err(|e| e.to_string())?
     );
     if let Some(first) = report.errors.first() {
-        return Err(format!(
-            "{} queries failed; first: {first}",
-            report.errors.len()
-        ));
+        return Err(format!("{} queries failed; first: {first}", report.errors.len()).into());
     }
     if !report.memory_within_budget {
         return Err(
@@ -768,12 +702,12 @@ struct SqlBenchResult {
     placements: Vec<insitu_host::StagePlacement>,
 }
 
-pub async fn sql(a: SqlBenchArgs) -> Result<(), String> {
+pub async fn sql(a: SqlBenchArgs) -> CliResult<()> {
     if a.runs == 0 {
         return Err("--runs must be at least 1".into());
     }
     let pushdown = a.pushdown.mode();
-    let host = crate::session::open_host(&a.device, a.link, pushdown).await?;
+    let host = insitu_session::open_host(&a.device.options(), a.link, pushdown).await?;
     // Only the statistics are kept: a result held on to would make the
     // next run allocate its own afresh.
     let mut last = host.sql(&a.query).await.map_err(|e| e.to_string())?.stats;

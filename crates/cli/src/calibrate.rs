@@ -15,13 +15,15 @@ use insitu_device::root::{device_count, device_dir};
 use insitu_host::DeviceClient;
 use insitu_wire::{ComputeRates, DeviceProfile};
 
-use crate::session::{connect_cluster, host_threads};
+use insitu_session::host_threads;
+
+use crate::error::CliResult;
 use crate::units::human_bytes;
 
 #[derive(Args, Debug)]
 pub struct CalibrateArgs {
     /// Data root whose devices (and host profile) to measure.
-    #[arg(long, env = "INSITU_ROOT", default_value_os_t = crate::session::default_root())]
+    #[arg(long, env = "INSITU_ROOT", default_value_os_t = insitu_session::default_root())]
     pub root: PathBuf,
     /// Cluster file: print the profiles its device servers report (each
     /// server measures itself; run this command with --root on its
@@ -33,9 +35,9 @@ pub struct CalibrateArgs {
     pub threads: u32,
 }
 
-pub async fn run(a: CalibrateArgs) -> Result<(), String> {
+pub async fn run(a: CalibrateArgs) -> CliResult<()> {
     if let Some(cluster) = &a.cluster {
-        for client in connect_cluster(cluster, None).await? {
+        for client in insitu_flight::connect_cluster(cluster, None, Default::default()).await? {
             match &client.capabilities().profile {
                 Some(p) => print_device(client.id(), p, "reported"),
                 None => println!("device {}: reports no profile", client.id()),

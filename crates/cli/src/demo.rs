@@ -2,40 +2,30 @@
 //! each query with pushdown on, off and auto (the cost model's choice per
 //! scan), with what the model predicted.
 
-use crate::bench::{compare, placed_words, tpch_cluster, tpch_devices, QueryResult};
-use crate::session::{default_demo_root, host_memory_for, Target};
+use insitu_session::{default_demo_root, host_memory_for, DeviceOptions};
+
+use crate::bench::{compare, placed_words, tpch_target, QueryResult};
+use crate::console::print_note;
+use crate::error::CliResult;
 use crate::units::{human_bytes, speed_words};
-use crate::{DemoArgs, DeviceArgs};
+use crate::DemoArgs;
 
 /// Queries the demo runs.
 pub const DEMO_QUERIES: [usize; 5] = [1, 3, 6, 12, 14];
 
-pub async fn run(a: DemoArgs) -> Result<(), String> {
+pub async fn run(a: DemoArgs) -> CliResult<()> {
     let root = a
         .root
         .clone()
         .unwrap_or_else(|| default_demo_root(a.sf, a.devices));
-    let dargs = DeviceArgs {
-        root: root.clone(),
+    let options = DeviceOptions {
         cluster: a.cluster.clone(),
-        mem: None,
         host_mem: a.host_mem,
-        threads: 2,
+        notify: print_note,
+        ..DeviceOptions::root(root)
     };
-    let (target, location) = match &a.cluster {
-        Some(cluster) => (
-            tpch_cluster(cluster, a.sf).await?,
-            format!("device servers of {}", cluster.display()),
-        ),
-        None => {
-            let devices = tpch_devices(&root, &dargs, a.sf, a.devices)?;
-            (
-                Target::Embedded(devices),
-                format!("{} embedded devices under {}", a.devices, root.display()),
-            )
-        }
-    };
-    let memory = host_memory_for(&dargs, &target).await?;
+    let (target, _, location) = tpch_target(&options, a.sf, a.devices).await?;
+    let memory = host_memory_for(&options, &target).await?;
     let mut mismatched = false;
     for link in &a.link {
         eprintln!(

@@ -3,20 +3,23 @@
 mod allocator;
 mod bench;
 mod calibrate;
+mod console;
 mod demo;
+mod error;
 mod output;
 mod server;
-mod session;
 mod simulate;
-mod sortjob;
+mod sort;
 mod terasort;
 mod tpch_queries;
 mod units;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::sync::Arc;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
+use error::CliResult;
 use insitu_link::LinkProfile;
 
 #[derive(Parser, Debug)]
@@ -43,7 +46,7 @@ enum Command {
     Sql(SqlArgs),
     /// Sort a whole table into a new table, range-partitioned over the
     /// devices: reading it in partition order is globally sorted.
-    Sort(sortjob::SortArgs),
+    Sort(sort::SortArgs),
     /// Write TeraSort records (100 bytes, 10-byte keys; gensort's format).
     Gensort(terasort::GensortArgs),
     /// Check a file of records for order; print its record count,
@@ -116,7 +119,7 @@ enum BenchWhat {
 #[derive(Args, Debug, Clone)]
 pub struct DeviceArgs {
     /// Data root holding the device directories dev0, dev1, ...
-    #[arg(long, env = "INSITU_ROOT", default_value_os_t = session::default_root())]
+    #[arg(long, env = "INSITU_ROOT", default_value_os_t = insitu_session::default_root())]
     pub root: PathBuf,
     /// Cluster file listing device servers (instead of --root): work goes
     /// over Arrow Flight.
@@ -135,6 +138,20 @@ pub struct DeviceArgs {
     /// Worker threads per device.
     #[arg(long, default_value_t = 2)]
     pub threads: usize,
+}
+
+impl DeviceArgs {
+    /// The session library's options, telling notes on stderr.
+    pub fn options(&self) -> insitu_session::DeviceOptions {
+        insitu_session::DeviceOptions {
+            root: self.root.clone(),
+            cluster: self.cluster.clone(),
+            mem: self.mem,
+            host_mem: self.host_mem,
+            threads: self.threads,
+            notify: console::print_note,
+        }
+    }
 }
 
 #[derive(Copy, Clone, Debug, PartialEq, Eq, ValueEnum)]
@@ -159,7 +176,7 @@ pub struct LayoutArgs {
 }
 
 impl LayoutArgs {
-    pub fn choice(&self) -> Result<insitu_ingest::LayoutChoice, String> {
+    pub fn choice(&self) -> CliResult<insitu_ingest::LayoutChoice> {
         match self.layout {
             LayoutArg::Parquet if !self.hybrid_key.is_empty() => {
                 Err("--hybrid-key needs --layout hybrid".into())
@@ -326,35 +343,24 @@ fn main() -> ExitCode {
     }
 }
 
-async fn run(cli: Cli) -> Result<(), String> {
+async fn run(cli: Cli) -> CliResult<()> {
     match cli.command {
         Command::Gen {
             what: GenWhat::Tpch(a),
-        } => {
-            let tpch = session::GenTpch {
-                sf: a.sf,
-                devices: a.devices,
-                per_device: a.partitions_per_device,
-                replace: a.replace,
-                layout: a.layout.choice()?,
-            };
-            session::gen_tpch(&a.device, tpch).await
-        }
-        Command::Load(a) => {
-            let layout = a.layout.choice()?;
-            session::load(&a.device, &a.table, a.devices, a.replace, layout, &a.files).await
-        }
+        } => gen_tpch(a).await,
+        Command::Load(a) => load(a).await,
         Command::Sql(a) => {
-            let host = session::open_host(&a.device, a.link, a.pushdown.mode()).await?;
+            let host =
+                insitu_session::open_host(&a.device.options(), a.link, a.pushdown.mode()).await?;
             match a.query {
-                Some(q) => session::run_and_print(&host, &q, a.format).await,
-                None => session::repl(&host, a.format).await,
+                Some(q) => console::run_and_print(&host, &q, a.format).await,
+                None => console::repl(&host, a.format).await,
             }
         }
-        Command::Sort(a) => sortjob::run(a).await,
-        Command::Gensort(a) => session::blocking(move || terasort::gensort(a)).await,
-        Command::Valsort(a) => session::blocking(move || terasort::valsort(a)).await,
-        Command::Extsort(a) => session::blocking(move || terasort::extsort(a)).await,
+        Command::Sort(a) => sort::run(a).await,
+        Command::Gensort(a) => console::blocking(move || terasort::gensort(a)).await,
+        Command::Valsort(a) => console::blocking(move || terasort::valsort(a)).await,
+        Command::Extsort(a) => console::blocking(move || terasort::extsort(a)).await,
         Command::Demo(a) => demo::run(a).await,
         Command::Calibrate(a) => calibrate::run(a).await,
         Command::Simulate(a) => simulate::run(a),
@@ -376,4 +382,37 @@ async fn run(cli: Cli) -> Result<(), String> {
             ClusterWhat::Status(a) => server::cluster_status(a).await,
         },
     }
+}
+
+async fn gen_tpch(a: GenTpchArgs) -> CliResult<()> {
+    let gen = insitu_session::GenTpch {
+        sf: a.sf,
+        devices: a.devices,
+        per_device: a.partitions_per_device,
+        replace: a.replace,
+        layout: a.layout.choice()?,
+    };
+    let options = a.device.options();
+    let devices =
+        insitu_session::gen_tpch(&options, gen, Arc::new(console::Bars::default())).await?;
+    let place = match &options.cluster {
+        Some(cluster) => format!("the {devices} devices of {}", cluster.display()),
+        None => format!("{devices} devices under {}", options.root.display()),
+    };
+    eprintln!("TPC-H SF {} on {place}", a.sf);
+    Ok(())
+}
+
+async fn load(a: LoadArgs) -> CliResult<()> {
+    let request = insitu_session::LoadRequest {
+        table: a.table.clone(),
+        devices: a.devices,
+        replace: a.replace,
+        layout: a.layout.choice()?,
+        files: a.files,
+    };
+    let bars = Arc::new(console::Bars::default());
+    let (rows, devices) = insitu_session::load(&a.device.options(), request, bars).await?;
+    eprintln!("loaded {rows} rows into {} on {devices} devices", a.table);
+    Ok(())
 }

@@ -5,13 +5,10 @@ use std::io::Write;
 use arrow::datatypes::SchemaRef;
 use arrow::record_batch::RecordBatch;
 
+use crate::error::CliResult;
 use crate::Format;
 
-pub fn print_batches(
-    schema: &SchemaRef,
-    batches: &[RecordBatch],
-    format: Format,
-) -> Result<(), String> {
+pub fn print_batches(schema: &SchemaRef, batches: &[RecordBatch], format: Format) -> CliResult<()> {
     let stdout = std::io::stdout();
     let mut out = stdout.lock();
     let err = |e: &dyn std::fmt::Display| format!("cannot print results: {e}");

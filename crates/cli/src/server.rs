@@ -11,8 +11,9 @@ use insitu_device::root::{create_root, device_count, device_dir, DeviceBudget};
 use insitu_device::{Device, DeviceConfig};
 use insitu_flight::{ClusterFile, DeviceEntry, ServeOptions, TlsIdentity};
 use insitu_link::LinkProfile;
-use insitu_wire::{Manifest, Operator, MANIFEST_FILE};
+use insitu_wire::Operator;
 
+use crate::error::{CliError, CliResult};
 use crate::units::human_bytes;
 
 #[derive(Args, Debug)]
@@ -57,43 +58,22 @@ pub struct ServeArgs {
     pub drain_secs: u64,
 }
 
-fn read_file(path: &Path, what: &str) -> Result<Vec<u8>, String> {
-    std::fs::read(path).map_err(|e| format!("cannot read {what} {}: {e}", path.display()))
+fn read_file(path: &Path, what: &str) -> CliResult<Vec<u8>> {
+    std::fs::read(path).map_err(|e| format!("cannot read {what} {}: {e}", path.display()).into())
 }
 
-pub fn read_token(path: &Path) -> Result<String, String> {
+pub fn read_token(path: &Path) -> CliResult<String> {
     let token = String::from_utf8(read_file(path, "token file")?)
         .map_err(|_| format!("token file {} is not UTF-8", path.display()))?;
     let token = token.trim().to_string();
     if token.is_empty() {
-        return Err(format!("token file {} is empty", path.display()));
+        return Err(format!("token file {} is empty", path.display()).into());
     }
     Ok(token)
 }
 
-/// The device id: the manifest's, which `--id` may confirm but not change.
-fn device_id(dir: &Path, id: Option<u32>) -> Result<u32, String> {
-    let path = dir.join(MANIFEST_FILE);
-    let stored = match std::fs::read(&path) {
-        Ok(bytes) => Some(
-            Manifest::from_json(&bytes, &path.display().to_string())
-                .map_err(|e| e.to_string())?
-                .device,
-        ),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
-        Err(e) => return Err(format!("{}: {e}", path.display())),
-    };
-    match (stored, id) {
-        (Some(s), Some(i)) if s != i => {
-            Err(format!("{} belongs to device {s}, not {i}", dir.display()))
-        }
-        (Some(s), _) => Ok(s),
-        (None, i) => Ok(i.unwrap_or(0)),
-    }
-}
-
-pub async fn serve(a: ServeArgs) -> Result<(), String> {
-    let id = device_id(&a.dir, a.id)?;
+pub async fn serve(a: ServeArgs) -> CliResult<()> {
+    let id = Device::id_for(&a.dir, a.id).map_err(|e| e.to_string())?;
     let operators = match &a.operators {
         Some(names) => names
             .iter()
@@ -218,7 +198,7 @@ pub fn cluster_file_of(root: &Path) -> PathBuf {
     root.join("cluster.toml")
 }
 
-fn random_token() -> Result<String, String> {
+fn random_token() -> CliResult<String> {
     let mut bytes = [0u8; 24];
     std::fs::File::open("/dev/urandom")
         .and_then(|mut f| f.read_exact(&mut bytes))
@@ -226,11 +206,11 @@ fn random_token() -> Result<String, String> {
     Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
 }
 
-fn write_token(path: &Path, token: &str) -> Result<(), String> {
+fn write_token(path: &Path, token: &str) -> CliResult<()> {
     use std::os::unix::fs::PermissionsExt;
     insitu_format::write_atomically(path, token.as_bytes()).map_err(|e| e.to_string())?;
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
-        .map_err(|e| format!("{}: {e}", path.display()))
+        .map_err(|e| format!("{}: {e}", path.display()).into())
 }
 
 /// Whether `pid` is a live (not zombie) insitu device server.
@@ -251,7 +231,7 @@ fn log_tail(path: &Path) -> String {
     lines[lines.len().saturating_sub(5)..].join("\n")
 }
 
-pub fn cluster_up(a: ClusterUpArgs) -> Result<(), String> {
+pub fn cluster_up(a: ClusterUpArgs) -> CliResult<()> {
     let cluster_path = cluster_file_of(&a.root);
     if let Ok(existing) = ClusterFile::load(&cluster_path) {
         if existing
@@ -263,7 +243,8 @@ pub fn cluster_up(a: ClusterUpArgs) -> Result<(), String> {
                 "a cluster is already up under {}; stop it with: insitu cluster down --root {}",
                 a.root.display(),
                 a.root.display()
-            ));
+            )
+            .into());
         }
     }
     let devices = match device_count(&a.root).map_err(|e| e.to_string())? {
@@ -335,7 +316,7 @@ pub fn cluster_up(a: ClusterUpArgs) -> Result<(), String> {
             // SAFETY: kill(2) on children this command just started.
             unsafe { libc::kill(*pid as i32, libc::SIGKILL) };
         }
-        why
+        CliError::from(why)
     };
     let started = Instant::now();
     let mut entries = vec![];
@@ -442,7 +423,7 @@ impl ClusterFileArgs {
     }
 }
 
-pub fn cluster_down(a: ClusterFileArgs) -> Result<(), String> {
+pub fn cluster_down(a: ClusterFileArgs) -> CliResult<()> {
     let path = a.path();
     let mut file = ClusterFile::load(&path).map_err(|e| e.to_string())?;
     let mut pids = children_pids(&file.devices);
@@ -450,7 +431,8 @@ pub fn cluster_down(a: ClusterFileArgs) -> Result<(), String> {
         return Err(format!(
             "{} lists no processes started by insitu cluster up",
             path.display()
-        ));
+        )
+        .into());
     }
     let stopped = stop_children(&mut pids);
     for d in &mut file.devices {
@@ -461,7 +443,7 @@ pub fn cluster_down(a: ClusterFileArgs) -> Result<(), String> {
     Ok(())
 }
 
-pub async fn cluster_status(a: ClusterFileArgs) -> Result<(), String> {
+pub async fn cluster_status(a: ClusterFileArgs) -> CliResult<()> {
     use insitu_host::DeviceClient;
     let path = a.path();
     let clients = insitu_flight::connect_cluster(&path, None, Default::default())

@@ -12,6 +12,7 @@
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
+use crate::error::CliResult;
 use clap::Args;
 use insitu_model::{
     predict, smartssd_profile, Machine, Placement, StageShape, SMARTSSD_LINK_BYTES_PER_SEC,
@@ -76,7 +77,7 @@ const VARIANTS: [Variant; 2] = [
     },
 ];
 
-pub fn run(a: SimulateArgs) -> Result<(), String> {
+pub fn run(a: SimulateArgs) -> CliResult<()> {
     let text = std::fs::read_to_string(&a.from)
         .map_err(|e| format!("cannot read {}: {e}", a.from.display()))?;
     let report: serde_json::Value = serde_json::from_str(&text)
@@ -132,7 +133,7 @@ pub fn run(a: SimulateArgs) -> Result<(), String> {
 }
 
 /// Every object in `report` with a stage's `shape` and `machine`.
-fn stages_of(report: &serde_json::Value, path: &Path) -> Result<Vec<Stage>, String> {
+fn stages_of(report: &serde_json::Value, path: &Path) -> CliResult<Vec<Stage>> {
     let mut out = vec![];
     collect(report, None, &mut out)?;
     if out.is_empty() {
@@ -140,12 +141,13 @@ fn stages_of(report: &serde_json::Value, path: &Path) -> Result<Vec<Stage>, Stri
             "{} holds no placed stages: run `insitu bench tpch` or `insitu bench sql \
              --pushdown auto` and pass its JSON",
             path.display()
-        ));
+        )
+        .into());
     }
     Ok(out)
 }
 
-fn collect(v: &serde_json::Value, query: Option<u64>, out: &mut Vec<Stage>) -> Result<(), String> {
+fn collect(v: &serde_json::Value, query: Option<u64>, out: &mut Vec<Stage>) -> CliResult<()> {
     match v {
         serde_json::Value::Object(map) => {
             let query = map.get("query").and_then(|q| q.as_u64()).or(query);
@@ -270,18 +272,12 @@ fn project_links(stage: &Stage) -> Projection {
     Projection { series, csv }
 }
 
-fn write(path: &Path, text: &str) -> Result<(), String> {
-    insitu_format::write_atomically(path, text.as_bytes()).map_err(|e| e.to_string())
+fn write(path: &Path, text: &str) -> CliResult<()> {
+    insitu_format::write_atomically(path, text.as_bytes()).map_err(|e| e.to_string().into())
 }
 
 /// A line plot of every series, x on a log scale if `log_x`.
-fn plot(
-    path: &Path,
-    p: &Projection,
-    x_label: &str,
-    y_label: &str,
-    log_x: bool,
-) -> Result<(), String> {
+fn plot(path: &Path, p: &Projection, x_label: &str, y_label: &str, log_x: bool) -> CliResult<()> {
     let err = |e: &dyn std::fmt::Display| format!("{}: {e}", path.display());
     let points = p.series.iter().flat_map(|(_, s)| s.iter());
     let (mut x0, mut x1, mut y1) = (f64::MAX, f64::MIN, 0f64);

@@ -13,6 +13,7 @@ use insitu_extsort::{
     RECORD_BYTES,
 };
 
+use crate::error::CliResult;
 use crate::units::{human_bytes, parse_bytes};
 
 #[derive(Args, Debug)]
@@ -92,7 +93,7 @@ fn bar(total: u64, unit: &str, what: &str) -> ProgressBar {
     bar
 }
 
-pub fn gensort(a: GensortArgs) -> Result<(), String> {
+pub fn gensort(a: GensortArgs) -> CliResult<()> {
     let bar = bar(a.records, "records", "gensort");
     let options = GenOptions {
         records: a.records,
@@ -111,7 +112,7 @@ pub fn gensort(a: GensortArgs) -> Result<(), String> {
     Ok(())
 }
 
-pub fn valsort(a: ValsortArgs) -> Result<(), String> {
+pub fn valsort(a: ValsortArgs) -> CliResult<()> {
     let len = std::fs::metadata(&a.file)
         .map_err(|e| format!("{}: {e}", a.file.display()))?
         .len();
@@ -131,7 +132,8 @@ pub fn valsort(a: ValsortArgs) -> Result<(), String> {
             "{}: {} records out of order, the first at record {first}",
             a.file.display(),
             v.unordered
-        )),
+        )
+        .into()),
     }
 }
 
@@ -275,7 +277,7 @@ fn print_phase_times(m: &Measured) {
     }
 }
 
-pub fn extsort(a: ExtsortArgs) -> Result<(), String> {
+pub fn extsort(a: ExtsortArgs) -> CliResult<()> {
     if a.input == a.output {
         return Err("IN and OUT are the same file; sort into a new file".into());
     }

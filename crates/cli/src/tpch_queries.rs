@@ -1,5 +1,7 @@
 //! The 22 TPC-H queries with their validation parameters.
 
+use crate::error::CliResult;
+
 pub const QUERIES: [&str; 22] = [
     include_str!("../../../queries/tpch/q1.sql"),
     include_str!("../../../queries/tpch/q2.sql"),
@@ -31,7 +33,7 @@ pub fn query(n: usize) -> Option<&'static str> {
 }
 
 /// Parses a list like `1,6,14` or `all`.
-pub fn parse_list(s: &str) -> Result<Vec<usize>, String> {
+pub fn parse_list(s: &str) -> CliResult<Vec<usize>> {
     if s.trim().eq_ignore_ascii_case("all") {
         return Ok((1..=22).collect());
     }
@@ -40,7 +42,7 @@ pub fn parse_list(s: &str) -> Result<Vec<usize>, String> {
             let p = p.trim().trim_start_matches(['q', 'Q']);
             match p.parse::<usize>() {
                 Ok(n) if (1..=22).contains(&n) => Ok(n),
-                _ => Err(format!("'{p}' is not a TPC-H query number (1-22)")),
+                _ => Err(format!("'{p}' is not a TPC-H query number (1-22)").into()),
             }
         })
         .collect()

@@ -16,6 +16,8 @@ pub enum DeviceErrorKind {
     ResourcesExhausted,
     /// The host went away before the stage ended.
     Cancelled,
+    /// The device's configuration contradicts its directory (another id).
+    Config,
     /// Anything else while running a stage.
     Execution,
 }
@@ -59,6 +61,7 @@ impl DeviceError {
         match self.kind {
             DeviceErrorKind::ResourcesExhausted => DataFusionError::ResourcesExhausted(text),
             DeviceErrorKind::BadPlan => DataFusionError::Plan(text),
+            DeviceErrorKind::Config => DataFusionError::Configuration(text),
             _ => DataFusionError::Execution(text),
         }
     }

@@ -190,6 +190,37 @@ impl Drop for Device {
 }
 
 impl Device {
+    /// The id of the device in `dir`: its manifest's, which `requested`
+    /// may confirm but not change; for a directory without a manifest,
+    /// `requested` (default 0).
+    pub fn id_for(dir: &Path, requested: Option<u32>) -> DeviceResult<u32> {
+        let fallback = requested.unwrap_or(0);
+        let has_manifest = dir
+            .join(insitu_wire::MANIFEST_FILE)
+            .try_exists()
+            .map_err(|e| {
+                DeviceError::new(
+                    fallback,
+                    DeviceErrorKind::NotFound,
+                    format!("device directory {}: {e}", dir.display()),
+                )
+            })?;
+        if !has_manifest {
+            return Ok(fallback);
+        }
+        let stored = load_manifest(dir, fallback)
+            .map_err(|e| DeviceError::new(fallback, DeviceErrorKind::Corrupt, e.to_string()))?
+            .device;
+        match requested {
+            Some(r) if r != stored => Err(DeviceError::new(
+                r,
+                DeviceErrorKind::Config,
+                format!("{} belongs to device {stored}, not {r}", dir.display()),
+            )),
+            _ => Ok(stored),
+        }
+    }
+
     /// Opens an existing device directory.
     pub fn open(dir: &Path, config: DeviceConfig) -> DeviceResult<Arc<Self>> {
         let id = config.id;
@@ -215,7 +246,7 @@ impl Device {
             )
         })?;
         let mut profile = insitu_calibrate::device_profile(&dir, config.threads as u32)
-            .map_err(|e| DeviceError::new(id, DeviceErrorKind::Corrupt, e))?;
+            .map_err(|e| DeviceError::new(id, DeviceErrorKind::Corrupt, e.to_string()))?;
         // Threads are configured, not measured.
         profile.threads = config.threads.max(1) as u32;
         Self::start(&dir, config, manifest, profile)
@@ -382,5 +413,21 @@ mod tests {
         assert!(reservation.try_grow(query).is_ok());
         assert!(reservation.try_grow(1).is_err(), "past the query share");
         assert_eq!(device.sort_config(false).mem_bytes_max, query);
+    }
+
+    #[test]
+    fn the_manifest_decides_the_id() {
+        let dir = tempfile::tempdir().unwrap();
+        assert_eq!(Device::id_for(dir.path(), None).unwrap(), 0);
+        assert_eq!(Device::id_for(dir.path(), Some(5)).unwrap(), 5);
+        insitu_format::store_manifest(dir.path(), &Manifest::new(3)).unwrap();
+        assert_eq!(Device::id_for(dir.path(), None).unwrap(), 3);
+        assert_eq!(Device::id_for(dir.path(), Some(3)).unwrap(), 3);
+        let e = Device::id_for(dir.path(), Some(4)).unwrap_err();
+        assert_eq!(e.kind, DeviceErrorKind::Config);
+        assert!(e.to_string().contains("belongs to device 3, not 4"), "{e}");
+        std::fs::write(dir.path().join(insitu_wire::MANIFEST_FILE), b"{").unwrap();
+        let e = Device::id_for(dir.path(), None).unwrap_err();
+        assert_eq!(e.kind, DeviceErrorKind::Corrupt);
     }
 }

@@ -23,11 +23,7 @@ use insitu_wire::units::ByteSize;
 use serde::{Deserialize, Serialize};
 
 use crate::client::{ClientOptions, DeviceEndpoint, FlightDeviceClient};
-
-/// A cluster file's error; the message names the file or device.
-#[derive(Debug, thiserror::Error)]
-#[error("{0}")]
-pub struct ClusterError(pub String);
+use crate::error::FlightError;
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -92,8 +88,11 @@ impl ClusterFile {
 impl ClusterFile {
     /// Reads and checks a cluster file: at least one device, unique ids,
     /// parseable link profiles.
-    pub fn load(path: &Path) -> Result<Self, ClusterError> {
-        let err = |what: String| ClusterError(format!("cluster file {}: {what}", path.display()));
+    pub fn load(path: &Path) -> Result<Self, FlightError> {
+        let err = |message: String| FlightError::ClusterFile {
+            path: path.to_path_buf(),
+            message,
+        };
         let text = std::fs::read_to_string(path).map_err(|e| err(e.to_string()))?;
         let file: ClusterFile = toml::from_str(&text).map_err(|e| err(e.to_string()))?;
         if file.devices.is_empty() {
@@ -114,12 +113,18 @@ impl ClusterFile {
     }
 
     /// Writes the file atomically (temp file, fsync, rename).
-    pub fn store(&self, path: &Path) -> Result<(), ClusterError> {
-        let text = toml::to_string_pretty(self)
-            .map_err(|e| ClusterError(format!("cluster file {}: {e}", path.display())))?;
+    pub fn store(&self, path: &Path) -> Result<(), FlightError> {
+        let text = toml::to_string_pretty(self).map_err(|e| FlightError::ClusterFile {
+            path: path.to_path_buf(),
+            message: e.to_string(),
+        })?;
         let text = format!("# insitu cluster: one [[device]] per device server\n{text}");
-        insitu_format::write_atomically(path, text.as_bytes())
-            .map_err(|e| ClusterError(e.to_string()))
+        insitu_format::write_atomically(path, text.as_bytes()).map_err(|e| {
+            FlightError::ClusterFile {
+                path: path.to_path_buf(),
+                message: e.to_string(),
+            }
+        })
     }
 }
 
@@ -132,18 +137,15 @@ pub fn resolve(cluster_file: &Path, path: &Path) -> PathBuf {
 }
 
 /// How each device is reached, with its token and CA read from disk.
-pub fn endpoints(path: &Path, file: &ClusterFile) -> Result<Vec<DeviceEndpoint>, ClusterError> {
+pub fn endpoints(path: &Path, file: &ClusterFile) -> Result<Vec<DeviceEndpoint>, FlightError> {
     file.devices
         .iter()
         .map(|d| {
             let read = |p: &Path, what: &str| {
                 let full = resolve(path, p);
-                std::fs::read(&full).map_err(|e| {
-                    ClusterError(format!(
-                        "device {}: cannot read {what} {}: {e}",
-                        d.id,
-                        full.display()
-                    ))
+                std::fs::read(&full).map_err(|e| FlightError::Endpoint {
+                    device: d.id,
+                    message: format!("cannot read {what} {}: {e}", full.display()),
                 })
             };
             let token = match &d.token_file {
@@ -151,10 +153,10 @@ pub fn endpoints(path: &Path, file: &ClusterFile) -> Result<Vec<DeviceEndpoint>,
                     let bytes = read(p, "token file")?;
                     let token = String::from_utf8_lossy(&bytes).trim().to_string();
                     if token.is_empty() {
-                        return Err(ClusterError(format!(
-                            "device {}: token file is empty",
-                            d.id
-                        )));
+                        return Err(FlightError::Endpoint {
+                            device: d.id,
+                            message: "token file is empty".into(),
+                        });
                     }
                     Some(token)
                 }
@@ -183,7 +185,7 @@ pub async fn connect(
     path: &Path,
     link_override: Option<LinkProfile>,
     options: ClientOptions,
-) -> Result<Vec<Arc<FlightDeviceClient>>, ClusterError> {
+) -> Result<Vec<Arc<FlightDeviceClient>>, FlightError> {
     let file = ClusterFile::load(path)?;
     let endpoints = endpoints(path, &file)?;
     let shared = link_override.map(|p| (p, Arc::new(Throttle::new(p))));
@@ -205,12 +207,12 @@ pub async fn connect(
     let (ok, failed): (Vec<_>, Vec<_>) = results.into_iter().partition(|r| r.is_ok());
     if !failed.is_empty() {
         let reasons: Vec<String> = failed.into_iter().filter_map(|r| r.err()).collect();
-        return Err(ClusterError(format!(
-            "cannot reach {} of {total} devices in {}: {}",
-            reasons.len(),
-            path.display(),
-            reasons.join("; ")
-        )));
+        return Err(FlightError::Unreachable {
+            path: path.to_path_buf(),
+            failed: reasons.len(),
+            total,
+            reasons: reasons.join("; "),
+        });
     }
     Ok(ok
         .into_iter()

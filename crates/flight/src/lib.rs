@@ -9,13 +9,15 @@
 
 pub mod client;
 pub mod cluster;
+mod error;
 pub mod metrics;
 pub mod serve;
 pub mod service;
 mod split;
 
 pub use client::{ClientOptions, DeviceEndpoint, FlightDeviceClient};
-pub use cluster::{connect as connect_cluster, ClusterError, ClusterFile, DeviceEntry};
-pub use serve::{bind, termination_signal, BoundServer, ServeError, ServeOptions, TlsIdentity};
+pub use cluster::{connect as connect_cluster, ClusterFile, DeviceEntry};
+pub use error::FlightError;
+pub use serve::{bind, termination_signal, BoundServer, ServeOptions, TlsIdentity};
 pub use service::{DeviceService, ServerState};
 pub use split::ipc_chunk_to_flight;

@@ -13,12 +13,8 @@ use tokio::net::TcpListener;
 use tonic::transport::server::TcpIncoming;
 use tonic::transport::{Identity, Server, ServerTlsConfig};
 
+use crate::error::FlightError;
 use crate::service::{DeviceService, ServerState};
-
-/// A server error; the message names the address or file involved.
-#[derive(Debug, thiserror::Error)]
-#[error("{0}")]
-pub struct ServeError(pub String);
 
 /// PEM certificate chain and private key for TLS.
 #[derive(Debug, Clone)]
@@ -60,7 +56,7 @@ pub struct BoundServer {
     options: ServeOptions,
 }
 
-async fn listen(addr: SocketAddr, what: &str) -> Result<TcpListener, ServeError> {
+async fn listen(addr: SocketAddr, what: &str) -> Result<TcpListener, FlightError> {
     TcpListener::bind(addr).await.map_err(|e| {
         let hint = match e.kind() {
             std::io::ErrorKind::AddrInUse => {
@@ -70,12 +66,17 @@ async fn listen(addr: SocketAddr, what: &str) -> Result<TcpListener, ServeError>
             std::io::ErrorKind::AddrNotAvailable => ": no such local address",
             _ => "",
         };
-        ServeError(format!("cannot listen for {what} on {addr}{hint} ({e})"))
+        FlightError::Listen {
+            what: what.to_string(),
+            addr,
+            hint,
+            source: e,
+        }
     })
 }
 
 /// Binds the Flight and metrics sockets of `device`.
-pub async fn bind(device: Arc<Device>, options: ServeOptions) -> Result<BoundServer, ServeError> {
+pub async fn bind(device: Arc<Device>, options: ServeOptions) -> Result<BoundServer, FlightError> {
     let listener = listen(options.listen, "Flight").await?;
     let metrics = match options.metrics {
         Some(addr) => Some(listen(addr, "metrics").await?),
@@ -106,7 +107,7 @@ impl BoundServer {
 
     /// Serves until `shutdown` resolves, then lets in-flight streams finish
     /// for up to the drain time and cancels the rest.
-    pub async fn run(self, shutdown: impl Future<Output = ()> + Send) -> Result<(), ServeError> {
+    pub async fn run(self, shutdown: impl Future<Output = ()> + Send) -> Result<(), FlightError> {
         let device = self.state.device.id();
         let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
         if let Some(listener) = self.metrics {
@@ -135,7 +136,7 @@ impl BoundServer {
             let identity = Identity::from_pem(&tls.cert_pem, &tls.key_pem);
             builder = builder
                 .tls_config(ServerTlsConfig::new().identity(identity))
-                .map_err(|e| ServeError(format!("TLS configuration: {e}")))?;
+                .map_err(|e| FlightError::Tls(e.to_string()))?;
         }
         let incoming = TcpIncoming::from(self.listener).with_nodelay(Some(true));
         let mut stopped = stop_rx.clone();
@@ -149,7 +150,10 @@ impl BoundServer {
             .serve_with_incoming_shutdown(incoming, signal);
         let drain = self.options.drain;
         tokio::select! {
-            served = server => served.map_err(|e| ServeError(format!("device {device}: {e}"))),
+            served = server => served.map_err(|e| FlightError::Endpoint {
+                device,
+                message: e.to_string(),
+            }),
             _ = async move {
                 let _ = stopped.wait_for(|s| *s).await;
                 tokio::time::sleep(drain).await;

@@ -138,6 +138,7 @@ pub fn status_of(e: DeviceError) -> Status {
         DeviceErrorKind::BadPlan => Status::invalid_argument(message),
         DeviceErrorKind::ResourcesExhausted => Status::resource_exhausted(message),
         DeviceErrorKind::Cancelled => Status::cancelled(message),
+        DeviceErrorKind::Config => Status::failed_precondition(message),
         DeviceErrorKind::Execution => Status::internal(message),
     }
 }

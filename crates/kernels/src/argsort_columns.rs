@@ -13,7 +13,8 @@ use arrow::datatypes::{DataType, Float32Type, Float64Type};
 use arrow::error::ArrowError;
 use arrow::row::{RowConverter, Rows, SortField};
 
-use crate::argsort::{argsort_to, argsort_top_k, f32_key, f64_key, NormalizedKeys, Split};
+use crate::argsort::{argsort_to, argsort_top_k};
+use crate::keys::{f32_key, f64_key, NormalizedKeys, Split};
 use crate::radix::SortIndex;
 use crate::Parallelism;
 

@@ -31,7 +31,7 @@ use arrow::datatypes::{
 use arrow::downcast_dictionary_array;
 use arrow::error::ArrowError;
 
-use crate::argsort::{argsort_to, normalize};
+use crate::keys::{argsort_plain, normalize_plain};
 use crate::mem::{pooled_buffer, take_vec};
 use crate::Parallelism;
 
@@ -142,7 +142,7 @@ pub fn key_mapping_table(values: &dyn Array) -> Result<(Vec<Option<u32>>, ArrayR
             values.len()
         )));
     }
-    let order: Vec<u32> = argsort_to(values, options, Parallelism::default())?;
+    let order: Vec<u32> = argsort_plain(values, options, Parallelism::default())?;
     let same = value_equality(values, options)?;
     let mut mapping = vec![None; values.len()];
     let mut firsts: Vec<u32> = Vec::new();
@@ -169,7 +169,7 @@ fn value_equality(
     values: &dyn Array,
     options: SortOptions,
 ) -> Result<Box<dyn Fn(usize, usize) -> bool>, ArrowError> {
-    Ok(match normalize::<u32>(values, options, 1)? {
+    Ok(match normalize_plain::<u32>(values, options, 1)? {
         Some(keys) => {
             let mut by_row = vec![0u128; values.len()];
             for (row, key) in keys.row_keys() {
@@ -212,7 +212,7 @@ pub fn sort_dictionary(
         )));
     }
     let ranks = dictionary_ranks(array)?;
-    let order: Vec<u32> = argsort_to(&ranks.ranks, options, Parallelism::default())?;
+    let order: Vec<u32> = argsort_plain(&ranks.ranks, options, Parallelism::default())?;
     let sorted_ranks = arrow::compute::take(&ranks.ranks, &UInt32Array::from(order.clone()), None)?;
     let keys: PrimitiveArray<UInt32Type> = sorted_ranks.as_primitive::<UInt32Type>().clone();
     let sorted = DictionaryArray::try_new(keys, Arc::clone(&ranks.sorted_values))?;

@@ -33,11 +33,12 @@ mod dictionary;
 mod gather;
 mod gather_source;
 mod interleave;
+mod keys;
 pub mod mem;
 pub mod radix;
 mod views;
 
-pub use argsort::{argsort, argsort_to, argsort_top_k, key_images, KeyImage, Parallelism};
+pub use argsort::{argsort, argsort_to, argsort_top_k, key_images, KeyImage};
 pub use argsort_columns::argsort_columns;
 pub use decode::{dictionary_decode, dictionary_decode_to_views, DictionaryDecoder};
 pub use dictionary::{
@@ -55,3 +56,13 @@ pub use views::{
     compact_views, dedup_view_buffers, shrink_views, validate_full_fast, validate_utf8_views,
     SHRINK_SLACK_BYTES,
 };
+
+/// How many threads a kernel may use; 1 by default.
+#[derive(Debug, Clone, Copy)]
+pub struct Parallelism(pub usize);
+
+impl Default for Parallelism {
+    fn default() -> Self {
+        Parallelism(1)
+    }
+}

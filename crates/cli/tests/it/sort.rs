@@ -580,11 +580,14 @@ async fn sort_job_refuses_bad_requests_and_leaves_nothing_behind() {
     assert!(!ok && err.contains("has no column nope"), "{err}");
     let (ok, _, err) = sort(&["--table", "sortdata", "--by", "id,,i32", "--into", "t2"]);
     assert!(
-        !ok && err.contains("--by id,,i32 has an empty column name"),
+        !ok && err.contains("sort keys id,,i32: a column name is empty"),
         "{err}"
     );
     let (ok, _, err) = sort(&["--table", "sortdata", "--by", "id,i32,id", "--into", "t2"]);
-    assert!(!ok && err.contains("--by names column id twice"), "{err}");
+    assert!(
+        !ok && err.contains("sort keys id,i32,id: column id is named twice"),
+        "{err}"
+    );
     let (ok, _, err) = sort(&["--table", "missing", "--by", "id", "--into", "t2"]);
     assert!(!ok && err.contains("no table missing"), "{err}");
     let (ok, _, err) = sort(&["--table", "sortdata", "--by", "id", "--into", "bad-name"]);

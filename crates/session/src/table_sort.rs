@@ -1,4 +1,4 @@
-//! `insitu sort`: sorts a whole table into a new, range-partitioned table.
+//! Sorting a whole table into a new, range-partitioned table.
 //!
 //! ```text
 //!   1. sample   every device samples its sort keys      -> host picks D-1 splitters
@@ -21,167 +21,148 @@ use arrow::compute::{concat_batches, take_record_batch, SortColumn, SortOptions}
 use arrow::datatypes::SchemaRef;
 use arrow::error::ArrowError;
 use arrow::row::{RowConverter, Rows, SortField};
-use clap::Args;
 use futures::StreamExt;
-use indicatif::{ProgressBar, ProgressStyle};
 use insitu_format::WriterOptions;
-use insitu_host::DeviceClient;
-use insitu_ingest::PartitionSink;
+use insitu_host::{InsituHost, Pushdown};
 use insitu_kernels::{argsort_columns, Parallelism};
-use insitu_link::LinkProfile;
 use insitu_wire::{SampleKeysRequest, SortKey, SortTableRequest};
 
-use crate::session::{connect_cluster, Target};
-use crate::units::human_bytes;
-use crate::{DeviceArgs, LayoutArg};
+use crate::{
+    host_with, DeviceOptions, HostMemorySettings, JobDevice, Progress, SessionError, SessionResult,
+    Target,
+};
 
 /// Key rows sampled over all devices to pick splitters (`sample_rows`).
-const SAMPLE_ROWS: u64 = 100_000;
+pub const SAMPLE_ROWS: u64 = 100_000;
 /// Batches in flight to each staging writer.
 const BATCHES_IN_FLIGHT: usize = 4;
 
-#[derive(Args, Debug)]
-pub struct SortArgs {
+/// What to sort, by what, into what.
+#[derive(Debug, Clone)]
+pub struct TableSort {
     /// The table to sort.
-    #[arg(long)]
     pub table: String,
-    /// Sort key columns, comma-separated, most significant first.
-    #[arg(long, value_delimiter = ',', required = true)]
+    /// The new table; it must not exist.
+    pub into: String,
+    /// Key columns, most significant first.
     pub by: Vec<String>,
     /// Descending order (for every key column).
-    #[arg(long)]
-    pub desc: bool,
-    /// Nulls before other values (default: after, ascending or not).
-    #[arg(long)]
+    pub descending: bool,
+    /// Nulls before other values.
     pub nulls_first: bool,
-    /// The new table; it must not exist.
-    #[arg(long)]
-    pub into: String,
-    /// Layout of the new table; hybrid keys it on the sort columns.
-    #[arg(long, value_enum, default_value_t = LayoutArg::Parquet)]
-    pub layout: LayoutArg,
-    /// Most rows per partition of the new table (0: one partition per device).
-    #[arg(long, default_value_t = 0)]
+    /// The new table in the hybrid layout, keyed on the sort columns.
+    pub hybrid: bool,
+    /// Most rows per partition of the new table (0: one per device).
     pub partition_rows: u64,
-    #[command(flatten)]
-    pub device: DeviceArgs,
 }
 
-/// A device as the job uses it: to query and to write.
-struct JobDevice {
-    client: Arc<dyn DeviceClient>,
-    sink: Arc<dyn PartitionSink>,
+/// What a table sort did and how long each phase took.
+#[derive(Debug, Default, Clone)]
+pub struct TableSortReport {
+    pub rows: u64,
+    pub partitions: usize,
+    pub devices: usize,
+    pub total_secs: f64,
+    pub sample_secs: f64,
+    pub shuffle_secs: f64,
+    pub sort_secs: f64,
+    pub link_to_devices: u64,
+    pub link_to_host: u64,
 }
 
-/// The devices of `target`, each one client that both reads and writes,
-/// so the shuffle's bytes cross its link both ways, embedded as over Flight.
-async fn job_devices(target: &Target) -> Result<Vec<JobDevice>, String> {
-    fn both<C: DeviceClient + PartitionSink + 'static>(c: Arc<C>) -> JobDevice {
-        JobDevice {
-            client: Arc::clone(&c) as _,
-            sink: c as _,
-        }
-    }
-    Ok(match target {
-        Target::Embedded(devices) => {
-            insitu_device::embedded(devices.clone(), LinkProfile::UNLIMITED)
-                .into_iter()
-                .map(both)
-                .collect()
-        }
-        Target::Cluster(path) => connect_cluster(path, None)
-            .await?
-            .into_iter()
-            .map(both)
-            .collect(),
-    })
-}
-
-pub async fn run(a: SortArgs) -> Result<(), String> {
-    check_name(&a.into)?;
-    let target = Target::of(&a.device)?;
-    let devices = job_devices(&target).await?;
-    let clients: Vec<Arc<dyn DeviceClient>> =
-        devices.iter().map(|d| Arc::clone(&d.client)).collect();
-    let memory = crate::session::HostMemorySettings::of(&a.device, &target, &clients)?;
-    let host = crate::session::host_with(clients, insitu_host::Pushdown::On, &memory).await?;
+/// Sorts `sort.table` on the devices of `options` into `sort.into`.
+/// On failure nothing of the new table or its staging rows is left.
+pub async fn sort_table(
+    options: &DeviceOptions,
+    sort: &TableSort,
+    progress: &dyn Progress,
+) -> SessionResult<TableSortReport> {
+    check_name(&sort.into)?;
+    let target = Target::open(options)?;
+    let devices = target.job_devices().await?;
+    let clients: Vec<_> = devices.iter().map(|d| Arc::clone(&d.client)).collect();
+    let memory = HostMemorySettings::of(options, &target, &clients)?;
+    let host = host_with(clients, Pushdown::On, &memory).await?;
     let info = host
         .tables()
-        .get(&a.table)
-        .ok_or_else(|| format!("no table {} on these devices", a.table))?
+        .get(&sort.table)
+        .ok_or_else(|| SessionError::NoTable {
+            table: sort.table.clone(),
+        })?
         .clone();
-    if host.tables().contains_key(&a.into) {
-        return Err(format!(
-            "table {} already exists; choose another name for the sorted table",
-            a.into
-        ));
+    if host.tables().contains_key(&sort.into) {
+        return Err(SessionError::TableExists {
+            table: sort.into.clone(),
+        });
     }
-    if a.by.iter().any(|c| c.trim().is_empty()) {
-        return Err(format!("--by {} has an empty column name", a.by.join(",")));
-    }
-    if let Some(twice) =
-        a.by.iter()
-            .enumerate()
-            .find(|(i, c)| a.by[..*i].contains(c))
-    {
-        return Err(format!("--by names column {} twice", twice.1));
-    }
-    let keys: Vec<SortKey> =
-        a.by.iter()
-            .map(|c| {
-                info.schema
-                    .field_with_name(c)
-                    .map_err(|_| format!("table {} has no column {c} to sort by", a.table))?;
-                Ok(SortKey {
-                    column: c.clone(),
-                    descending: a.desc,
-                    nulls_first: a.nulls_first,
-                })
-            })
-            .collect::<Result<_, String>>()?;
     let job = SortJob {
-        table: a.table.clone(),
-        into: a.into.clone(),
-        staging: format!("{}__staging", a.into),
-        keys,
+        table: sort.table.clone(),
+        into: sort.into.clone(),
+        staging: format!("{}__staging", sort.into),
+        keys: sort_keys(sort, &info.schema)?,
         schema: Arc::clone(&info.schema),
         total_rows: info.row_count(),
-        hybrid: a.layout == LayoutArg::Hybrid,
-        partition_rows: a.partition_rows,
+        hybrid: sort.hybrid,
+        partition_rows: sort.partition_rows,
         devices,
     };
     let started = Instant::now();
-    let result = job.run(&host).await;
+    let result = job.run(&host, progress).await;
     job.drop_everywhere(&job.staging);
     if result.is_err() {
         job.drop_everywhere(&job.into);
     }
-    let report = result?;
-    eprintln!(
-        "sorted {} rows of {} into {} ({} partitions on {} devices) in {:.2} s: \
-         sample {:.2} s, shuffle {:.2} s, device sorts {:.2} s | link: {} to devices, {} to host",
-        report.rows,
-        a.table,
-        a.into,
-        report.partitions,
-        job.devices.len(),
-        started.elapsed().as_secs_f64(),
-        report.sample_secs,
-        report.shuffle_secs,
-        report.sort_secs,
-        human_bytes(report.link_to_devices),
-        human_bytes(report.link_to_host),
-    );
+    let mut report = result?;
+    report.devices = job.devices.len();
+    report.total_secs = started.elapsed().as_secs_f64();
+    Ok(report)
+}
+
+fn check_name(table: &str) -> SessionResult<()> {
+    if table.is_empty() || !table.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
+        return Err(SessionError::BadTableName {
+            name: table.to_string(),
+        });
+    }
     Ok(())
 }
 
-fn check_name(table: &str) -> Result<(), String> {
-    if table.is_empty() || !table.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
-        return Err(format!(
-            "table name '{table}' must be letters, digits and underscores"
-        ));
+/// The sort's keys, each a column of `schema`, none empty or twice.
+fn sort_keys(sort: &TableSort, schema: &SchemaRef) -> SessionResult<Vec<SortKey>> {
+    let bad = |problem: String| SessionError::BadSortKeys {
+        keys: sort.by.join(","),
+        problem,
+    };
+    if sort.by.is_empty() {
+        return Err(bad("no key column given".into()));
     }
-    Ok(())
+    if sort.by.iter().any(|c| c.trim().is_empty()) {
+        return Err(bad("a column name is empty".into()));
+    }
+    if let Some((_, twice)) = sort
+        .by
+        .iter()
+        .enumerate()
+        .find(|(i, c)| sort.by[..*i].contains(c))
+    {
+        return Err(bad(format!("column {twice} is named twice")));
+    }
+    sort.by
+        .iter()
+        .map(|c| {
+            schema
+                .field_with_name(c)
+                .map_err(|_| SessionError::NoColumn {
+                    table: sort.table.clone(),
+                    column: c.clone(),
+                })?;
+            Ok(SortKey {
+                column: c.clone(),
+                descending: sort.descending,
+                nulls_first: sort.nulls_first,
+            })
+        })
+        .collect()
 }
 
 struct SortJob {
@@ -194,17 +175,6 @@ struct SortJob {
     hybrid: bool,
     partition_rows: u64,
     devices: Vec<JobDevice>,
-}
-
-#[derive(Debug, Default)]
-struct Report {
-    rows: u64,
-    partitions: usize,
-    sample_secs: f64,
-    shuffle_secs: f64,
-    sort_secs: f64,
-    link_to_devices: u64,
-    link_to_host: u64,
 }
 
 impl SortJob {
@@ -222,20 +192,24 @@ impl SortJob {
         self.keys.iter().map(|k| k.column.clone()).collect()
     }
 
-    async fn run(&self, host: &insitu_host::InsituHost) -> Result<Report, String> {
+    async fn run(
+        &self,
+        host: &InsituHost,
+        progress: &dyn Progress,
+    ) -> SessionResult<TableSortReport> {
         let links_before = self.link_totals();
-        let mut report = Report::default();
+        let mut report = TableSortReport::default();
         let t = Instant::now();
         let splitters = self.splitters().await?;
         report.sample_secs = t.elapsed().as_secs_f64();
 
         let t = Instant::now();
-        let counts = self.shuffle(host, &splitters).await?;
+        let counts = self.shuffle(host, &splitters, progress).await?;
         report.shuffle_secs = t.elapsed().as_secs_f64();
         report.rows = counts.iter().sum();
 
         let t = Instant::now();
-        report.partitions = self.sort_ranges(&counts).await?;
+        report.partitions = self.sort_ranges(&counts, progress).await?;
         report.sort_secs = t.elapsed().as_secs_f64();
         let (to_devices, to_host) = self.link_totals();
         report.link_to_devices = to_devices - links_before.0;
@@ -253,11 +227,11 @@ impl SortJob {
     /// Samples every device's keys and picks one splitter per range
     /// boundary: row-encoded keys, so comparing them is comparing in the
     /// sort's order (directions and null placement included).
-    async fn splitters(&self) -> Result<Rows, String> {
+    async fn splitters(&self) -> SessionResult<Rows> {
         let converter = self.converter()?;
         let mut samples = vec![];
         for d in &self.devices {
-            let manifest = d.client.manifest().await.map_err(|e| e.to_string())?;
+            let manifest = d.client.manifest().await?;
             let rows: u64 = manifest
                 .tables
                 .get(&self.table)
@@ -271,18 +245,13 @@ impl SortJob {
                 columns: self.key_columns(),
                 rows: (SAMPLE_ROWS * rows).div_ceil(self.total_rows.max(1)).max(1),
             };
-            samples.push(
-                d.client
-                    .sample_keys(&request)
-                    .await
-                    .map_err(|e| e.to_string())?,
-            );
+            samples.push(d.client.sample_keys(&request).await?);
         }
         let ranges = self.devices.len();
         let Some(first) = samples.first() else {
             return Ok(converter.empty_rows(0, 0));
         };
-        let sample = concat_batches(&first.schema(), &samples).map_err(|e| e.to_string())?;
+        let sample = concat_batches(&first.schema(), &samples)?;
         let columns: Vec<SortColumn> = sample
             .columns()
             .iter()
@@ -292,59 +261,40 @@ impl SortJob {
                 options: Some(options),
             })
             .collect();
-        let order: Vec<u32> =
-            argsort_columns(&columns, None, Parallelism(1)).map_err(|e| e.to_string())?;
+        let order: Vec<u32> = argsort_columns(&columns, None, Parallelism(1))?;
         let n = order.len();
         let picks = UInt32Array::from_iter_values((1..ranges).map(|i| order[i * n / ranges]));
-        let chosen = take_record_batch(&sample, &picks).map_err(|e| e.to_string())?;
-        converter
-            .convert_columns(chosen.columns())
-            .map_err(|e| e.to_string())
+        let chosen = take_record_batch(&sample, &picks)?;
+        Ok(converter.convert_columns(chosen.columns())?)
     }
 
-    fn converter(&self) -> Result<RowConverter, String> {
+    fn converter(&self) -> SessionResult<RowConverter> {
         let fields = self
             .keys
             .iter()
             .zip(self.options())
             .map(|(k, options)| {
-                let field = self
-                    .schema
-                    .field_with_name(&k.column)
-                    .map_err(|e| e.to_string())?;
+                let field = self.schema.field_with_name(&k.column)?;
                 Ok(SortField::new_with_options(
                     field.data_type().clone(),
                     options,
                 ))
             })
-            .collect::<Result<Vec<_>, String>>()?;
-        RowConverter::new(fields).map_err(|e| e.to_string())
+            .collect::<SessionResult<Vec<_>>>()?;
+        Ok(RowConverter::new(fields)?)
     }
 
     /// Streams the table out of the devices and each row into the staging
     /// table of the device owning its key range. Returns rows per device.
     async fn shuffle(
         &self,
-        host: &insitu_host::InsituHost,
+        host: &InsituHost,
         splitters: &Rows,
-    ) -> Result<Vec<u64>, String> {
-        let bar = ProgressBar::new(self.total_rows);
-        bar.set_style(
-            ProgressStyle::with_template(
-                "{msg:>10} [{elapsed_precise}] {wide_bar} {human_pos}/{human_len} rows ({per_sec}, eta {eta})",
-            )
-            .expect("progress template"),
-        );
-        bar.set_message("shuffle");
+        progress: &dyn Progress,
+    ) -> SessionResult<Vec<u64>> {
+        progress.phase("shuffle", Some(self.total_rows));
         let sql = format!("SELECT * FROM \"{}\"", self.table);
-        let mut stream = host
-            .context()
-            .sql(&sql)
-            .await
-            .map_err(|e| e.to_string())?
-            .execute_stream()
-            .await
-            .map_err(|e| e.to_string())?;
+        let mut stream = host.context().sql(&sql).await?.execute_stream().await?;
         let converter = self.converter()?;
         let key_idx: Vec<usize> = self
             .keys
@@ -371,18 +321,16 @@ impl SortJob {
                 }));
             }
             let handle = tokio::runtime::Handle::current();
-            let route = (|| -> Result<(), String> {
+            let route = (|| -> SessionResult<()> {
                 while let Some(batch) =
                     tokio::task::block_in_place(|| handle.block_on(stream.next()))
                 {
-                    let batch = batch.map_err(|e| e.to_string())?;
+                    let batch = batch?;
                     let keys: Vec<_> = key_idx
                         .iter()
                         .map(|&i| Arc::clone(batch.column(i)))
                         .collect();
-                    let rows = converter
-                        .convert_columns(&keys)
-                        .map_err(|e| e.to_string())?;
+                    let rows = converter.convert_columns(&keys)?;
                     let mut routes: Vec<Vec<u32>> = vec![vec![]; senders.len()];
                     for (r, row) in rows.iter().enumerate() {
                         routes[range_of(splitters, row)].push(r as u32);
@@ -392,19 +340,20 @@ impl SortJob {
                             continue;
                         }
                         counts[i] += idx.len() as u64;
-                        let part = take_record_batch(&batch, &UInt32Array::from(idx))
-                            .map_err(|e| e.to_string())?;
+                        let part = take_record_batch(&batch, &UInt32Array::from(idx))?;
                         if senders[i].send(Ok(part)).is_err() {
-                            return Err(format!("the staging writer of device {i} stopped"));
+                            return Err(SessionError::StagingWriter {
+                                device: self.devices[i].sink.device_id(),
+                            });
                         }
                     }
-                    bar.inc(batch.num_rows() as u64);
+                    progress.advance(batch.num_rows() as u64);
                 }
                 Ok(())
             })();
             if let Err(e) = &route {
                 for tx in &senders {
-                    let _ = tx.send(Err(ArrowError::ExternalError(e.clone().into())));
+                    let _ = tx.send(Err(ArrowError::ExternalError(e.to_string().into())));
                 }
             }
             drop(senders);
@@ -414,24 +363,22 @@ impl SortJob {
                 .collect();
             // A writer's own error explains a routing failure best.
             for w in written {
-                w.map_err(|e| e.to_string())?;
+                w?;
             }
             route
         });
-        bar.finish();
+        progress.done();
         result.map(|()| counts)
     }
 
     /// Every device sorts its staging rows into its partitions of the new
     /// table, all devices at once. Returns the partitions written.
-    async fn sort_ranges(&self, counts: &[u64]) -> Result<usize, String> {
+    async fn sort_ranges(&self, counts: &[u64], progress: &dyn Progress) -> SessionResult<usize> {
         let partitions_of = |rows: u64| match self.partition_rows {
             0 => u64::from(rows > 0),
             max => rows.div_ceil(max),
         };
-        let bar = ProgressBar::new_spinner();
-        bar.set_message(format!("sorting on {} devices", self.devices.len()));
-        bar.enable_steady_tick(std::time::Duration::from_millis(200));
+        progress.phase("sort", None);
         let mut first_partition = 0u32;
         let mut calls = vec![];
         for (d, &rows) in self.devices.iter().zip(counts) {
@@ -452,10 +399,10 @@ impl SortJob {
             calls.push(async move { client.sort_table(&request).await });
         }
         let results = futures::future::join_all(calls).await;
-        bar.finish_and_clear();
+        progress.done();
         let mut written = 0;
         for r in results {
-            written += r.map_err(|e| e.to_string())?.len();
+            written += r?.len();
         }
         Ok(written)
     }
@@ -483,4 +430,80 @@ fn range_of(splitters: &Rows, row: arrow::row::Row<'_>) -> usize {
         }
     }
     lo
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use arrow::array::Int64Array;
+    use arrow::datatypes::{DataType, Field, Schema};
+
+    fn sort(by: &[&str]) -> TableSort {
+        TableSort {
+            table: "t".into(),
+            into: "t2".into(),
+            by: by.iter().map(|c| c.to_string()).collect(),
+            descending: true,
+            nulls_first: false,
+            hybrid: false,
+            partition_rows: 0,
+        }
+    }
+
+    fn schema() -> SchemaRef {
+        Arc::new(Schema::new(vec![
+            Field::new("a", DataType::Int64, true),
+            Field::new("b", DataType::Utf8, true),
+        ]))
+    }
+
+    #[test]
+    fn keys_are_columns_named_once() {
+        let keys = sort_keys(&sort(&["b", "a"]), &schema()).unwrap();
+        assert_eq!(keys.len(), 2);
+        assert_eq!(keys[0].column, "b");
+        assert!(keys[1].descending && !keys[1].nulls_first);
+        for (by, says) in [
+            (vec![], "no key column"),
+            (vec!["a", " "], "empty"),
+            (vec!["a", "b", "a"], "column a is named twice"),
+        ] {
+            let e = sort_keys(&sort(&by), &schema()).unwrap_err().to_string();
+            assert!(e.contains(says), "{e}");
+        }
+        let e = sort_keys(&sort(&["c"]), &schema()).unwrap_err();
+        assert_eq!(e.to_string(), "table t has no column c to sort by");
+    }
+
+    #[test]
+    fn table_names_are_identifiers() {
+        assert!(check_name("lineitem_by_date2").is_ok());
+        for bad in ["", "a-b", "a b", "t;drop", "ä"] {
+            assert!(check_name(bad).is_err(), "{bad}");
+        }
+    }
+
+    /// Range of each row against splitters, compared with counting
+    /// splitters at or below it, at odd sizes with duplicates.
+    #[test]
+    fn range_of_counts_splitters_at_or_below() {
+        let converter = RowConverter::new(vec![SortField::new(DataType::Int64)]).unwrap();
+        for splitter_values in [vec![], vec![5], vec![2, 2, 7], vec![1, 3, 3, 3, 9, 11, 20]] {
+            let splitters = converter
+                .convert_columns(&[Arc::new(Int64Array::from(splitter_values.clone())) as _])
+                .unwrap();
+            let values: Vec<i64> = (-1..23).collect();
+            let rows = converter
+                .convert_columns(&[Arc::new(Int64Array::from(values.clone())) as _])
+                .unwrap();
+            for (v, row) in values.iter().zip(rows.iter()) {
+                let expected = splitter_values.iter().filter(|s| *s <= v).count();
+                assert_eq!(
+                    range_of(&splitters, row),
+                    expected,
+                    "{v} {splitter_values:?}"
+                );
+            }
+        }
+    }
 }
