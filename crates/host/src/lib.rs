@@ -16,6 +16,7 @@ pub mod memory;
 pub mod merge;
 pub mod options;
 pub mod placement;
+mod placement_choice;
 mod provider;
 pub mod pull;
 pub mod reorder;

@@ -55,7 +55,7 @@ pub struct DeviceScanExec {
     /// Whether the placement rule may move this stage's work to the host.
     auto: bool,
     /// What the placement rule predicted for each candidate, and chose.
-    placement: Option<Arc<crate::placement::PlacementChoice>>,
+    placement: Option<Arc<crate::placement_choice::PlacementChoice>>,
     /// Dynamic filters over the results, applied as they arrive
     /// ([`result_filter`](crate::result_filter)).
     result_filters: Vec<Arc<dyn PhysicalExpr>>,
@@ -96,7 +96,7 @@ impl DeviceScanExec {
     }
 
     /// What the placement rule predicted and chose for this scan.
-    pub fn placement(&self) -> Option<&crate::placement::PlacementChoice> {
+    pub fn placement(&self) -> Option<&crate::placement_choice::PlacementChoice> {
         self.placement.as_deref()
     }
 
@@ -105,7 +105,7 @@ impl DeviceScanExec {
     }
 
     /// The same scan, placed by the rule as `choice` says.
-    pub fn with_placement(&self, choice: Arc<crate::placement::PlacementChoice>) -> Self {
+    pub fn with_placement(&self, choice: Arc<crate::placement_choice::PlacementChoice>) -> Self {
         let mut out = self.clone();
         out.auto = false;
         out.metrics = ExecutionPlanMetricsSet::new();
