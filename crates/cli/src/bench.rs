@@ -428,8 +428,11 @@ pub async fn run(a: BenchArgs) -> CliResult<()> {
         threads: a.threads,
         notify: print_note,
     };
-    let (target, devices, location) = tpch_target(&options, a.sf, a.devices).await?;
+    let (target, devices, _) = tpch_target(&options, a.sf, a.devices).await?;
+    // The report names the data by its path: bench/compare.py reads it.
+    let location = options.cluster.as_ref().unwrap_or(&options.root);
     let memory = host_memory_for(&options, &target).await?;
+    let location = location.display().to_string();
     report(&a, &queries, &target, &memory, devices, &location).await
 }
 

@@ -171,6 +171,7 @@ impl Device {
                 },
                 false => PartitionLayout::Parquet,
             },
+            partitioning: request.partitioning.clone(),
             ..Default::default()
         };
         let io =

@@ -15,7 +15,7 @@ use arrow::datatypes::SchemaRef;
 use arrow::error::ArrowError;
 use arrow::record_batch::RecordBatch;
 use arrow_flight::encode::FlightDataEncoderBuilder;
-use arrow_flight::error::FlightError;
+use arrow_flight::error::FlightError as ArrowFlightError;
 use arrow_flight::flight_service_client::FlightServiceClient;
 use arrow_flight::{Action, FlightData, FlightDescriptor, HandshakeRequest, Ticket};
 use async_trait::async_trait;
@@ -38,6 +38,8 @@ use insitu_wire::{
 };
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint};
 use tonic::{Code, Request, Status};
+
+use crate::error::FlightError;
 
 /// Where a device server is and how to reach it.
 #[derive(Debug, Clone)]
@@ -104,10 +106,14 @@ impl FlightDeviceClient {
         endpoint: DeviceEndpoint,
         link: Arc<Link>,
         options: ClientOptions,
-    ) -> std::result::Result<Self, String> {
+    ) -> std::result::Result<Self, FlightError> {
         let name = format!("device {} at {}", endpoint.id, endpoint.url);
+        let fail = |message: String| FlightError::Connect {
+            name: name.clone(),
+            message,
+        };
         let mut ep = Endpoint::from_shared(endpoint.url.clone())
-            .map_err(|e| format!("{name}: bad endpoint address: {e}"))?
+            .map_err(|e| fail(format!("bad endpoint address: {e}")))?
             .connect_timeout(options.connect_timeout)
             .tcp_nodelay(true)
             .http2_keep_alive_interval(Duration::from_secs(1))
@@ -120,12 +126,12 @@ impl FlightDeviceClient {
             }
             ep = ep
                 .tls_config(tls)
-                .map_err(|e| format!("{name}: TLS configuration: {e}"))?;
+                .map_err(|e| fail(format!("TLS configuration: {e}")))?;
         }
         let channel = ep
             .connect()
             .await
-            .map_err(|e| format!("{name}: unreachable: {}", error_chain(&e)))?;
+            .map_err(|e| fail(format!("unreachable: {}", error_chain(&e))))?;
         let mut client = Self {
             endpoint,
             channel,
@@ -145,7 +151,13 @@ impl FlightDeviceClient {
             storage_bytes: Arc::new(AtomicU64::new(0)),
             handle: tokio::runtime::Handle::current(),
         };
-        client.capabilities = client.handshake().await.map_err(|e| e.to_string())?;
+        client.capabilities = client
+            .handshake()
+            .await
+            .map_err(|e| FlightError::Handshake {
+                device: client.endpoint.id,
+                message: e.to_string(),
+            })?;
         Ok(client)
     }
 
@@ -278,7 +290,7 @@ impl FlightDeviceClient {
         &self,
         request: PutRequest,
         schema: SchemaRef,
-        batches: tokio::sync::mpsc::Receiver<std::result::Result<RecordBatch, FlightError>>,
+        batches: tokio::sync::mpsc::Receiver<std::result::Result<RecordBatch, ArrowFlightError>>,
     ) -> Result<insitu_wire::FormatDescriptor> {
         let descriptor = FlightDescriptor::new_cmd(to_json_bytes(&request));
         let rows = Arc::new(AtomicU64::new(0));
@@ -318,7 +330,9 @@ impl FlightDeviceClient {
 /// An error from the batch source ends the stream without a commit, so the
 /// device discards the upload.
 fn committed_upload(
-    encoded: impl futures::Stream<Item = std::result::Result<FlightData, FlightError>> + Send + 'static,
+    encoded: impl futures::Stream<Item = std::result::Result<FlightData, ArrowFlightError>>
+        + Send
+        + 'static,
     rows: Arc<AtomicU64>,
     link: Arc<Link>,
 ) -> impl futures::Stream<Item = FlightData> + Send + 'static {
@@ -546,12 +560,12 @@ impl FlightDeviceClient {
             let bad_trailer = bad_trailer.clone();
             async move {
                 match m {
-                    Err(status) => Some(Err(FlightError::Tonic(Box::new(status)))),
+                    Err(status) => Some(Err(ArrowFlightError::Tonic(Box::new(status)))),
                     Ok(m) if m.data_header.is_empty() => {
                         match from_json_bytes::<StageStats>(&m.app_metadata, "stage statistics") {
                             Ok(stats) => *slot.lock().expect("trailer") = Some(stats),
                             Err(e) => {
-                                return Some(Err(FlightError::ProtocolError(
+                                return Some(Err(ArrowFlightError::ProtocolError(
                                     bad_trailer.describe(&e.to_string()),
                                 )))
                             }
@@ -571,7 +585,7 @@ impl FlightDeviceClient {
             let body = Buffer::from(m.data_body);
             match decoder.decode_message(&m.data_header, &body) {
                 Ok(batch) => Ok(batch.map_or(Step::Skip, Step::Batch)),
-                Err(e) => Err(this.flight_error(FlightError::Arrow(e))),
+                Err(e) => Err(this.flight_error(ArrowFlightError::Arrow(e))),
             }
         });
         let deadline = tokio::time::Instant::now() + timeout;
@@ -635,10 +649,10 @@ impl ErrorNamer {
         )))
     }
 
-    fn flight_error(&self, e: FlightError) -> DataFusionError {
+    fn flight_error(&self, e: ArrowFlightError) -> DataFusionError {
         match e {
-            FlightError::Tonic(status) => status_to_error(&self.name, &status),
-            FlightError::ProtocolError(text) if text.starts_with(&*self.name) => {
+            ArrowFlightError::Tonic(status) => status_to_error(&self.name, &status),
+            ArrowFlightError::ProtocolError(text) if text.starts_with(&*self.name) => {
                 DataFusionError::Execution(text)
             }
             other => DataFusionError::Execution(
@@ -685,6 +699,7 @@ impl PartitionSink for FlightDeviceClient {
                 PartitionLayout::Parquet => vec![],
                 PartitionLayout::Hybrid { key_columns } => key_columns.clone(),
             },
+            partitioning: options.partitioning.clone(),
         };
         let (tx, rx) = tokio::sync::mpsc::channel(4);
         let upload = {
@@ -701,9 +716,9 @@ impl PartitionSink for FlightDeviceClient {
                     }
                 }
                 Err(e) => {
-                    let _ = tx.blocking_send(Err(FlightError::Arrow(ArrowError::ExternalError(
-                        e.to_string().into(),
-                    ))));
+                    let _ = tx.blocking_send(Err(ArrowFlightError::Arrow(
+                        ArrowError::ExternalError(e.to_string().into()),
+                    )));
                     source_error = Some(e);
                     break;
                 }

@@ -206,7 +206,10 @@ pub async fn connect(
     let total = results.len();
     let (ok, failed): (Vec<_>, Vec<_>) = results.into_iter().partition(|r| r.is_ok());
     if !failed.is_empty() {
-        let reasons: Vec<String> = failed.into_iter().filter_map(|r| r.err()).collect();
+        let reasons: Vec<String> = failed
+            .into_iter()
+            .filter_map(|r| r.err().map(|e| e.to_string()))
+            .collect();
         return Err(FlightError::Unreachable {
             path: path.to_path_buf(),
             failed: reasons.len(),

@@ -29,4 +29,14 @@ pub enum FlightError {
     },
     #[error("TLS configuration: {0}")]
     Tls(String),
+    /// A device server that cannot be reached.
+    #[error("{name}: {message}")]
+    Connect { name: String, message: String },
+    /// A device server that answered the handshake wrongly (another id,
+    /// another protocol version, a refused token).
+    #[error("{message}")]
+    Handshake { device: u32, message: String },
+    /// A result chunk that is not a sequence of Arrow IPC messages.
+    #[error("IPC chunk: {0}")]
+    Ipc(String),
 }

@@ -523,6 +523,7 @@ async fn put_partition(
                     let options = WriterOptions {
                         row_group_rows_max: put.row_group_rows_max.clamp(1, 1 << 24) as usize,
                         layout,
+                        partitioning: put.partitioning.clone(),
                         ..Default::default()
                     };
                     let mut rx = rx.take().expect("one writer per upload");

@@ -6,11 +6,13 @@ use arrow_flight::FlightData;
 use bytes::Bytes;
 use insitu_host::result_decoder::message_spans;
 
+use crate::error::FlightError;
+
 /// Splits one chunk of an Arrow IPC stream into its messages. The
 /// end-of-stream marker (length 0) has no Flight counterpart and is
 /// dropped.
-pub fn ipc_chunk_to_flight(chunk: &Bytes) -> Result<Vec<FlightData>, String> {
-    let spans = message_spans(chunk).map_err(|e| format!("IPC chunk: {e}"))?;
+pub fn ipc_chunk_to_flight(chunk: &Bytes) -> Result<Vec<FlightData>, FlightError> {
+    let spans = message_spans(chunk).map_err(|e| FlightError::Ipc(e.to_string()))?;
     Ok(spans
         .into_iter()
         .filter(|span| !span.header.is_empty())
@@ -120,7 +122,9 @@ mod tests {
             panic!("one chunk for 50 rows")
         };
         for cut in [1, 4, 7, 9, chunk.len() / 2, chunk.len() - 1] {
-            let err = ipc_chunk_to_flight(&chunk.slice(..cut)).unwrap_err();
+            let err = ipc_chunk_to_flight(&chunk.slice(..cut))
+                .unwrap_err()
+                .to_string();
             assert!(
                 err.contains("cut short") || err.contains("header"),
                 "{cut}: {err}"

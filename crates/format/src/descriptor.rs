@@ -108,6 +108,7 @@ pub(crate) fn describe(
         crc32,
         row_groups,
         hybrid: None,
+        partitioning: None,
     })
 }
 
@@ -149,6 +150,7 @@ pub(crate) fn describe_hybrid(
         crc32,
         row_groups: blocks,
         hybrid: Some(layout),
+        partitioning: None,
     })
 }
 

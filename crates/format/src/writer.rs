@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use arrow::datatypes::SchemaRef;
 use arrow::record_batch::RecordBatch;
-use insitu_wire::{FormatDescriptor, LayoutKind};
+use insitu_wire::{FormatDescriptor, LayoutKind, Partitioning, WireError};
 use parquet::arrow::ArrowWriter;
 use parquet::basic::Compression;
 use parquet::file::properties::{EnabledStatistics, WriterProperties};
@@ -45,6 +45,8 @@ pub struct WriterOptions {
     pub row_group_rows_max: usize,
     pub compression: Compression,
     pub layout: PartitionLayout,
+    /// The table's partitioning, recorded in the partition's descriptor.
+    pub partitioning: Option<Partitioning>,
 }
 
 impl Default for WriterOptions {
@@ -53,6 +55,7 @@ impl Default for WriterOptions {
             row_group_rows_max: 122_880,
             compression: Compression::SNAPPY,
             layout: PartitionLayout::Parquet,
+            partitioning: None,
         }
     }
 }
@@ -77,6 +80,38 @@ pub struct PartitionWriter {
     schema: SchemaRef,
     /// The first rows written, for the columns' compressibility.
     sample: Sampler,
+    partitioning: Option<Partitioning>,
+}
+
+/// A partitioning a partition may be written under: valid, by columns
+/// of its schema, with the partition among its partitions.
+fn check_partitioning(
+    table: &str,
+    partition: u32,
+    schema: &SchemaRef,
+    partitioning: Option<&Partitioning>,
+) -> FormatResult<()> {
+    let Some(p) = partitioning else {
+        return Ok(());
+    };
+    let what = format!("table {table} partition {partition}");
+    p.check(&what)?;
+    let bad = |reason: String| {
+        FormatError::Wire(WireError::Partitioning {
+            what: what.clone(),
+            reason,
+        })
+    };
+    if let Some(c) = p.columns.iter().find(|c| schema.index_of(c).is_err()) {
+        return Err(bad(format!("no column {c} to partition by")));
+    }
+    if partition >= p.partitions {
+        return Err(bad(format!(
+            "partition id past its {} partitions",
+            p.partitions
+        )));
+    }
+    Ok(())
 }
 
 impl PartitionWriter {
@@ -88,6 +123,7 @@ impl PartitionWriter {
         schema: SchemaRef,
         options: &WriterOptions,
     ) -> FormatResult<Self> {
+        check_partitioning(table, partition, &schema, options.partitioning.as_ref())?;
         let table_dir = device_dir.join(table);
         fs::create_dir_all(&table_dir).map_err(io_err(&table_dir))?;
         let ext = match options.layout {
@@ -112,6 +148,7 @@ impl PartitionWriter {
             partition,
             schema: Arc::clone(&schema),
             sample: Sampler::new(Arc::clone(&schema)),
+            partitioning: options.partitioning.clone(),
         };
         this.writer = Some(match &options.layout {
             PartitionLayout::Parquet => {
@@ -171,6 +208,7 @@ impl PartitionWriter {
         for (field, ratios) in descriptor.fields.iter_mut().zip(self.sample.finish()) {
             field.ipc_compression = ratios;
         }
+        descriptor.partitioning = self.partitioning.take();
         fs::rename(&self.tmp_path, &self.final_path).map_err(io_err(&self.final_path))?;
         sync_dir(self.final_path.parent().expect("table dir"))?;
         Ok(descriptor)

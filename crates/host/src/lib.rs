@@ -11,6 +11,7 @@
 
 pub mod budget;
 pub mod catalog;
+pub mod copartition;
 pub mod join;
 pub mod memory;
 pub mod merge;
@@ -306,6 +307,18 @@ impl InsituHost {
 
     pub fn context(&self) -> &SessionContext {
         &self.ctx
+    }
+
+    /// Whether tables `left` and `right` are co-partitioned for an
+    /// equi-join on `on` (pairs of left and right key columns): every pair
+    /// of rows the join can match lies on one device
+    /// ([`copartition`]). `false` for an unknown table.
+    pub fn co_partitioned(&self, left: &str, right: &str, on: &[(&str, &str)]) -> bool {
+        let map = |t: &str| self.tables.get(t).and_then(copartition::PartitionMap::of);
+        match (map(left), map(right)) {
+            (Some(l), Some(r)) => copartition::co_partitioned(&l, &r, on),
+            _ => false,
+        }
     }
 
     pub fn tables(&self) -> &BTreeMap<String, TableInfo> {

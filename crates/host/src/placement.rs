@@ -1031,6 +1031,7 @@ mod tests {
                 columns: vec![column("a", 100), column("s", 1000)],
             }],
             hybrid: None,
+            partitioning: None,
         }
     }
 

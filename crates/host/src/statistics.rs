@@ -165,6 +165,7 @@ mod tests {
                 })
                 .collect(),
             hybrid: None,
+            partitioning: None,
         }
     }
 

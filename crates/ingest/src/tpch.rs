@@ -2,13 +2,17 @@
 //!
 //! `orders` and `lineitem` are generated in the same parts, and part `p`
 //! of both holds the same orderkey range, so the two tables are
-//! range-partitioned on orderkey and co-located device by device.
+//! range-partitioned on orderkey and co-located device by device. So are
+//! `part` and `partsupp` on partkey; `customer` and `supplier` are range
+//! partitioned on their keys. Every partition records its table's
+//! partitioning ([`insitu_wire::Partitioning`]).
 
 use std::sync::Arc;
 
 use arrow::datatypes::SchemaRef;
 use arrow::record_batch::RecordBatch;
 use insitu_format::WriterOptions;
+use insitu_wire::{PartitionScheme, Partitioning};
 use tpchgen::generators::{
     CustomerGenerator, LineItemGenerator, NationGenerator, OrderGenerator, PartGenerator,
     PartSuppGenerator, RegionGenerator, SupplierGenerator,
@@ -50,6 +54,30 @@ impl Default for TpchOptions {
             layout: LayoutChoice::Parquet,
         }
     }
+}
+
+/// The key each table's parts are ranges of: part `p` of the generator
+/// holds the `p`-th range of it (lineitem's orderkeys follow their orders').
+pub fn partition_key(table: &str) -> &'static str {
+    match table {
+        "lineitem" => "l_orderkey",
+        "orders" => "o_orderkey",
+        "partsupp" => "ps_partkey",
+        "part" => "p_partkey",
+        "customer" => "c_custkey",
+        "supplier" => "s_suppkey",
+        "nation" => "n_nationkey",
+        _ => "r_regionkey",
+    }
+}
+
+/// `table` range-partitioned on its key into `parts` partitions.
+fn partitioning(table: &str, parts: u32) -> Partitioning {
+    Partitioning::new(
+        vec![partition_key(table).to_string()],
+        PartitionScheme::Range,
+        parts,
+    )
 }
 
 /// Rows TPC-H has at `sf`, per table (lineitem is an estimate: 4 per order).
@@ -156,12 +184,13 @@ pub fn gen_tpch<S: PartitionSink + ?Sized>(
                                 options.batch_rows,
                             );
                             let schema: SchemaRef = Arc::clone(gen.schema());
-                            let writer = options.layout.writer_options(
+                            let mut writer = options.layout.writer_options(
                                 &options.writer,
                                 table,
                                 &schema,
                                 false,
                             )?;
+                            writer.partitioning = Some(partitioning(table, parts));
                             let mut batches = gen.map(|b: RecordBatch| {
                                 progress(b.num_rows() as u64);
                                 Ok(b)

@@ -25,7 +25,7 @@ use futures::StreamExt;
 use insitu_format::WriterOptions;
 use insitu_host::{InsituHost, Pushdown};
 use insitu_kernels::{argsort_columns, Parallelism};
-use insitu_wire::{SampleKeysRequest, SortKey, SortTableRequest};
+use insitu_wire::{PartitionScheme, Partitioning, SampleKeysRequest, SortKey, SortTableRequest};
 
 use crate::{
     host_with, DeviceOptions, HostMemorySettings, JobDevice, Progress, SessionError, SessionResult,
@@ -379,6 +379,15 @@ impl SortJob {
             max => rows.div_ceil(max),
         };
         progress.phase("sort", None);
+        let partitions: u64 = counts.iter().map(|&rows| partitions_of(rows)).sum();
+        // Ascending keys: partition ids ascend with the key ranges.
+        let partitioning = (self.keys.iter().all(|k| !k.descending) && partitions > 0).then(|| {
+            Partitioning::new(
+                self.key_columns(),
+                PartitionScheme::Range,
+                partitions as u32,
+            )
+        });
         let mut first_partition = 0u32;
         let mut calls = vec![];
         for (d, &rows) in self.devices.iter().zip(counts) {
@@ -393,6 +402,7 @@ impl SortJob {
                 },
                 row_group_rows_max: WriterOptions::default().row_group_rows_max as u64,
                 hybrid: self.hybrid,
+                partitioning: partitioning.clone(),
             };
             first_partition += partitions_of(rows) as u32;
             let client = Arc::clone(&d.client);

@@ -104,6 +104,10 @@ pub struct FormatDescriptor {
     /// rows are laid out; `None` for every other layout.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub hybrid: Option<HybridLayout>,
+    /// How the table's rows are spread over its partitions, if it was
+    /// written by a key ([`crate::partitioning`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub partitioning: Option<crate::Partitioning>,
 }
 
 /// A byte range of a partition file.
@@ -208,6 +212,18 @@ impl FormatDescriptor {
                 found: self.version,
                 supported: DESCRIPTOR_VERSION,
             });
+        }
+        if let Some(p) = &self.partitioning {
+            p.check(&format!(
+                "table {} partition {}",
+                self.table, self.partition
+            ))?;
+            if self.partition >= p.partitions {
+                return Err(WireError::Partitioning {
+                    what: format!("table {} partition {}", self.table, self.partition),
+                    reason: format!("partition id past its {} partitions", p.partitions),
+                });
+            }
         }
         Ok(())
     }

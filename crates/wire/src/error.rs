@@ -22,6 +22,8 @@ pub enum WireError {
         found: u32,
         supported: u32,
     },
+    #[error("partitioning of {what}: {reason}")]
+    Partitioning { what: String, reason: String },
     #[error("{0}")]
     Invalid(String),
     #[error("protocol: {0}")]

@@ -10,6 +10,7 @@ pub mod descriptor;
 pub mod envelope;
 pub mod error;
 pub mod manifest;
+pub mod partitioning;
 pub mod profile;
 pub mod protocol;
 pub mod units;
@@ -23,6 +24,7 @@ pub use envelope::{
 };
 pub use error::{WireError, WireResult};
 pub use manifest::{Manifest, PartitionRef, MANIFEST_FILE, MANIFEST_VERSION};
+pub use partitioning::{PartitionScheme, Partitioning, PARTITIONING_VERSION};
 pub use profile::{
     ComputeRates, DeviceProfile, HostProfile, StageStarts, StartCost, DEVICE_PROFILE_FILE,
     FEW_GROUPS_MAX, HOST_PROFILE_FILE, PROFILE_VERSION,

@@ -99,6 +99,7 @@ mod tests {
             crc32: 0,
             row_groups: vec![],
             hybrid: None,
+            partitioning: None,
         });
         let bytes = m.to_json();
         assert_eq!(Manifest::from_json(&bytes, "m").unwrap(), m);

@@ -264,6 +264,10 @@ pub struct SortTableRequest {
     /// Write `into` in the hybrid layout keyed on the sort columns
     /// (else Parquet).
     pub hybrid: bool,
+    /// `into`'s partitioning over all devices, recorded with each
+    /// partition (key ranges when the sort ascends).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub partitioning: Option<crate::Partitioning>,
 }
 
 /// The `do_put` descriptor command: which partition the stream becomes.
@@ -277,6 +281,9 @@ pub struct PutRequest {
     /// Parquet.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub hybrid_key_columns: Vec<String>,
+    /// The table's partitioning, recorded in the partition's descriptor.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub partitioning: Option<crate::Partitioning>,
 }
 
 /// The last `do_put` message: proves the upload complete. `crc32` covers

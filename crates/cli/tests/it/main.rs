@@ -16,6 +16,7 @@ mod layout;
 mod load;
 mod load_test;
 mod memory;
+mod partitioning;
 mod pushdown;
 mod sort;
 mod tpch_sf001;

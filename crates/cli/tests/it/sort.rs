@@ -555,8 +555,26 @@ async fn sort_job_range_partitions_a_globally_sorted_table() {
         ),
         "by_i32",
     );
+    // An ascending sort records its key ranges; the host checks them
+    // against the partitions' statistics before it relies on them.
+    let (ok, _, err) = sort(&["--by", "id", "--into", "by_id"]);
+    assert!(ok, "{err}");
     let host = common::host(&root, Pushdown::On).await;
-    for t in ["by_dec", "by_s", "by_i32"] {
+    let map = insitu_host::copartition::PartitionMap::of(&host.tables()["by_id"])
+        .expect("recorded ranges hold");
+    assert_eq!(map.partitioning.columns, ["id"]);
+    assert_eq!(map.places.len(), 3, "one partition per device");
+    assert!(host.co_partitioned("by_id", "by_id", &[("id", "id")]));
+    let recorded = |t: &str| {
+        host.tables()[t]
+            .shares
+            .iter()
+            .flat_map(|s| &s.descriptors)
+            .any(|d| d.partitioning.is_some())
+    };
+    assert!(!recorded("by_dec"), "a descending sort records no ranges");
+    assert!(recorded("by_i32"));
+    for t in ["by_dec", "by_s", "by_i32", "by_id"] {
         assert_same_rows(&host, "sortdata", t).await;
     }
 }
