@@ -5,7 +5,7 @@
 //! ranks in [`crate::argsort`]; this module knows neither, so
 //! [`crate::dictionary`] can sort its values here without a circle.
 
-use arrow::array::{Array, BooleanArray};
+use arrow::array::{Array, AsArray};
 use arrow::buffer::NullBuffer;
 use arrow::compute::SortOptions;
 use arrow::datatypes::{ArrowNativeType, DataType};
@@ -190,7 +190,7 @@ pub(crate) fn normalize_plain<I: SortIndex>(
     let data = values.to_data();
     let keys = match values.data_type() {
         Boolean => {
-            let a = values.as_any().downcast_ref::<BooleanArray>().unwrap();
+            let a = values.as_boolean();
             NormalizedKeys::U32(split(n, nulls, desc, nf, threads, |i| a.value(i) as u32))
         }
         Float32 => {
@@ -349,7 +349,10 @@ fn fill_keys<K: RadixKey>(
                     s.spawn(move || fill(t * chunk, k))
                 })
                 .collect();
-            handles.into_iter().map(|h| h.join().unwrap()).collect()
+            handles
+                .into_iter()
+                .map(|h| h.join().expect("key fill thread panicked"))
+                .collect()
         })
     };
     // SAFETY: every one of the first n slots was written above.
